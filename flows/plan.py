@@ -1,0 +1,62 @@
+"""Resource plan of a run (issue #8, docs/plan.md): no GPU, no weights, no Prefect, no MLflow.
+
+    python flows/plan.py agents=heterogeneous_32b                 # 3 nodes x 8 H200 (conf/plan/default.yaml)
+    python flows/plan.py agents=heterogeneous_14b plan.gpu_memory_gb=80 plan.nodes=1
+    python flows/plan.py agents=tiny_cpu                          # CPU agents: parameters and host memory
+
+Builds every agent's model on the ``meta`` device from its config.json (the model folder's, else the copy
+shipped in mars2/plan/model_configs/), and prints per agent: parameters, ZeRO memory per GPU (DeepSpeed's
+estimators), vLLM KV-cache budget at the configured lengths, GPUs needed, and the rollout/update placement.
+Exits 1 with one paragraph when the agents cannot fit the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import tasks  # noqa: F401  (offline flags; imports no Prefect)
+import hydra
+from omegaconf import DictConfig
+
+from mars2.config import ConfigError
+from tasks.config import resolve
+
+
+def _import_deepspeed_without_mlflow() -> None:
+    """DeepSpeed's autotuner imports MLflow whenever it is installed (seconds of import time, and this CLI
+    promises neither Prefect nor MLflow): hide MLflow while DeepSpeed loads. Only its autotuner, which mars2
+    never uses, notices."""
+    if "mlflow" in sys.modules:
+        return
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` now raises ImportError
+    try:
+        import deepspeed  # noqa: F401
+    finally:
+        del sys.modules["mlflow"]
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run = resolve(cfg, planning=True)
+    except ConfigError as e:
+        sys.exit(f"mars2: config error: {e}")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only DeepSpeed's estimators run here: no device probing
+    _import_deepspeed_without_mlflow()
+    from rich.console import Console
+
+    from mars2.plan import ModelConfigNotFound, plan
+    from mars2.plan.render import render
+
+    try:
+        result = plan(run)
+    except ModelConfigNotFound as e:
+        sys.exit(f"mars2: plan: {e}")
+    render(result, Console(width=None if sys.stdout.isatty() else 140))
+    if not result.fits:
+        sys.exit(f"mars2: plan refused: {result.refusal()}")
+
+
+if __name__ == "__main__":
+    main()

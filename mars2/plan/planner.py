@@ -1,0 +1,369 @@
+"""Resource plan of a run: per agent, parameters, update memory per GPU (DeepSpeed's ZeRO estimators), vLLM
+KV-cache budget at the configured lengths, GPUs needed, and where rollout and update run (docs/plan.md).
+
+:func:`plan` never raises for a config that does not fit: it returns a :class:`ClusterPlan` with
+``fits=False`` and the reasons; :func:`require_fit` turns that into :class:`PlanRefused`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mars2.config import AgentConfig, PlanConfig, RunConfig
+from mars2.plan.memory import (
+    GB,
+    ZERO_OPTIONS,
+    KVBudget,
+    ModelStates,
+    activation_bytes,
+    kv_bytes_per_token,
+    reference_model_bytes,
+    vllm_kv_budget,
+    zero_model_states,
+)
+from mars2.plan.models import DTYPE_BYTES, ModelShape, model_shape
+
+
+class PlanRefused(ValueError):
+    """The configured agents cannot fit the cluster; ``str(e)`` is a complete, user-facing paragraph."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A contiguous range of GPUs on one node."""
+
+    node: int
+    first: int
+    last: int
+
+    def __str__(self) -> str:
+        gpus = f"GPU{self.first}" if self.first == self.last else f"GPU{self.first}-{self.last}"
+        return f"node{self.node}:{gpus}"
+
+
+@dataclass(frozen=True)
+class DeepSpeedProfile:
+    name: str
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    gradient_checkpointing: bool
+    bf16: bool
+
+    @property
+    def label(self) -> str:
+        extra = "+opt→cpu" if self.offload_optimizer and not self.offload_param else ""
+        extra = "+all→cpu" if self.offload_param else extra
+        return f"ZeRO-{self.stage}{extra}"
+
+
+@dataclass
+class UpdateMemory:
+    """Per GPU during the policy update (host memory per node for ``cpu_bytes``)."""
+
+    states: ModelStates  # parameters, gradients, optimizer states (DeepSpeed's estimator or the ZeRO-0 formula)
+    reference_bytes: int  # frozen reference model
+    activation_bytes: int  # estimate × plan.activation_overhead
+    reserved_bytes: int  # plan.reserved_gb
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.states.gpu_bytes + self.reference_bytes + self.activation_bytes + self.reserved_bytes
+
+    @property
+    def cpu_bytes(self) -> int:
+        return self.states.cpu_bytes
+
+
+@dataclass
+class RolloutPlan:
+    backend: str  # vllm | transformers
+    tp: int  # tensor-parallel size of one engine (vllm: the agent's GPUs, as tasks/_agents.py starts it)
+    weights_per_gpu_bytes: int
+    kv: KVBudget | None  # vllm (and transformers on GPU: the memory left after the weights)
+    max_model_len: int | None
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class AgentPlan:
+    name: str
+    roles: list[str]  # agents generating with these weights (homogeneous multi-role: several)
+    model: str
+    shape: ModelShape
+    device: str  # cuda | cpu
+    dtype: str
+    profile: DeepSpeedProfile
+    gpus: int  # configured (cuda agents with gpus=0 are planned as 1)
+    gpus_min: int | None  # fewest GPUs on which update and rollout fit with this profile (None: none does)
+    weights_bytes: int
+    update: UpdateMemory
+    zero_options: dict[str, int]  # per-GPU model states at ``gpus`` for each ZeRO option (DeepSpeed's estimators)
+    rollout: RolloutPlan
+    update_spans: list[Span] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why it does not fit (empty: fits)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+
+@dataclass
+class ClusterPlan:
+    cluster: PlanConfig
+    preset: str
+    agents: list[AgentPlan]
+    node_host_bytes: dict[int, int]  # host memory the agents placed on a node need at once
+    used_gpus: int
+    gpu_memory_utilization: float  # vLLM's share of each GPU (backend.gpu_memory_utilization)
+    reasons: list[str] = field(default_factory=list)  # cluster-level (host memory, not enough GPUs)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.cluster.nodes * self.cluster.gpus_per_node
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons and all(a.fits for a in self.agents)
+
+    def refusal(self) -> str:
+        """One paragraph: which agents do not fit, why, and what to change."""
+        c = self.cluster
+        parts = [f"agent {a.name!r}: " + "; ".join(a.reasons) for a in self.agents if a.reasons] + self.reasons
+        return (f"agents={self.preset} cannot fit {c.nodes} node(s) x {c.gpus_per_node} {c.gpu_name} "
+                f"({c.gpu_memory_gb:g} GB per GPU, {c.cpu_memory_gb:g} GB host memory per node). " + ". ".join(parts)
+                + ". Change the agents' gpus/deepspeed profile (agents.members.N.gpus=..., "
+                  "agents.members.N.deepspeed=zero3_bf16_offload), lower train.micro_batch, shorten search.max_new_tokens / "
+                  "plan.prompt_tokens, "
+                  "or describe a larger cluster (plan.nodes=..., plan.gpu_memory_gb=...).")
+
+
+def deepspeed_profile(cfg: RunConfig, member: AgentConfig) -> DeepSpeedProfile:
+    """The agent's profile (``member.deepspeed`` or the run's default ``deepspeed`` group), as the update uses it."""
+    prof: dict[str, Any] = cfg.deepspeed_profiles.get(member.deepspeed, {}) if member.deepspeed else cfg.deepspeed
+    default = next((k for k, v in cfg.deepspeed_profiles.items() if v == cfg.deepspeed), "deepspeed group")
+    name = member.deepspeed or f"{default} (run default)"
+    zero = prof.get("zero_optimization") or {}
+    return DeepSpeedProfile(
+        name=name, stage=int(zero.get("stage", 0)),
+        offload_optimizer=_offloaded(zero.get("offload_optimizer")),
+        offload_param=_offloaded(zero.get("offload_param")),
+        gradient_checkpointing=bool(prof.get("gradient_checkpointing", False)),
+        bf16=bool((prof.get("bf16") or {}).get("enabled", False)),
+    )
+
+
+def _offloaded(block: Any) -> bool:
+    return isinstance(block, dict) and str(block.get("device", "none")).lower() in ("cpu", "nvme")
+
+
+def _ranks_layout(n: int, gpus_per_node: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of an engine on ``n`` GPUs, whole nodes first."""
+    if n <= gpus_per_node:
+        return n, 1
+    return gpus_per_node, -(-n // gpus_per_node)
+
+
+def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype_bytes: int, seq_len: int,
+                  micro_batch: int, p: PlanConfig, on_gpu: bool = True) -> UpdateMemory:
+    per_node, nodes = _ranks_layout(n, p.gpus_per_node)
+    if on_gpu:
+        states = zero_model_states(profile.stage, shape.params, shape.largest_layer, gpus_per_node=per_node,
+                                   nodes=nodes, offload_optimizer=profile.offload_optimizer,
+                                   offload_param=profile.offload_param, zero_init=p.zero_init,
+                                   buffer_factor=p.ds_buffer_factor)
+    else:  # one CPU process: nothing is sharded, everything lives in host memory
+        states = ModelStates(16 * shape.params, 16 * shape.params, "formula: 16·P in host memory (one CPU process)")
+    sharded = on_gpu and profile.stage == 3 and p.ref_model_sharded
+    ref = reference_model_bytes(shape.params, dtype_bytes, ranks=n, sharded=sharded)
+    act = activation_bytes(micro_batch=micro_batch, seq_len=seq_len, hidden=shape.hidden_size,
+                           intermediate=shape.intermediate_size, layers=shape.num_layers, heads=shape.num_heads,
+                           kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, vocab=shape.vocab_size,
+                           dtype_bytes=dtype_bytes, checkpointing=profile.gradient_checkpointing)
+    reserved = int(p.reserved_gb * GB) if on_gpu else 0
+    return UpdateMemory(states=states, reference_bytes=ref, activation_bytes=int(act * p.activation_overhead),
+                        reserved_bytes=reserved)
+
+
+def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
+                 seq_len: int) -> RolloutPlan:
+    """Generation memory: vLLM with TP = the agent's GPUs (what tasks/_agents.py starts), or transformers."""
+    p, weights = cfg.plan, shape.params * dtype_bytes
+    gpu_bytes = int(p.gpu_memory_gb * GB)
+    if member.backend == "vllm":
+        kv = vllm_kv_budget(weights_bytes=weights, gpu_bytes=gpu_bytes, utilization=cfg.backend.gpu_memory_utilization,
+                            tp=n, layers=shape.num_layers, kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                            dtype_bytes=dtype_bytes, seq_len=seq_len, concurrent=cfg.search.batch_size)
+        return RolloutPlan("vllm", n, -(-weights // n), kv, cfg.backend.max_model_len)
+    if member.device.startswith("cuda"):  # transformers on one GPU: what the weights leave
+        per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype_bytes)
+        budget = gpu_bytes - weights - int(p.reserved_gb * GB)
+        tokens = max(0, budget) // per_token
+        kv = KVBudget(per_gpu_bytes=budget, bytes_per_token_gpu=per_token, tokens=tokens, seq_len=seq_len,
+                      max_seqs=tokens // seq_len, needed_seqs=cfg.search.batch_size,
+                      needed_bytes_per_gpu=cfg.search.batch_size * seq_len * per_token)
+        return RolloutPlan("transformers", 1, weights, kv, None)
+    return RolloutPlan("transformers", 1, weights, None, None)
+
+
+def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, upd: UpdateMemory,
+           roll: RolloutPlan, p: PlanConfig, n: int) -> tuple[list[str], list[str]]:
+    """(reasons it does not fit, warnings) for one agent on ``n`` GPUs (placement and host memory aside)."""
+    reasons, warnings = [], []
+    if not member.device.startswith("cuda"):
+        return reasons, warnings
+    gpu_bytes = int(p.gpu_memory_gb * GB)
+    if upd.gpu_bytes > gpu_bytes:
+        reasons.append(
+            f"the update needs {_gb(upd.gpu_bytes)} GB per GPU on {n} GPU(s) ({profile.label} model states "
+            f"{_gb(upd.states.gpu_bytes)} + reference {_gb(upd.reference_bytes)} + activations "
+            f"{_gb(upd.activation_bytes)} + reserve {_gb(upd.reserved_bytes)}) but a GPU has {p.gpu_memory_gb:g} GB")
+    if roll.backend == "vllm" and roll.kv is not None:
+        kv = roll.kv
+        if shape.num_heads % roll.tp or (shape.num_kv_heads % roll.tp and roll.tp % shape.num_kv_heads):
+            reasons.append(f"vLLM tensor parallelism {roll.tp} (= the agent's GPUs) does not divide the "
+                           f"{shape.num_heads} attention / {shape.num_kv_heads} KV heads")
+        if roll.max_model_len is not None and roll.max_model_len > shape.max_position_embeddings:
+            reasons.append(f"backend.max_model_len={roll.max_model_len} exceeds the model's "
+                           f"max_position_embeddings={shape.max_position_embeddings}")
+        if roll.max_model_len is not None and kv.seq_len > roll.max_model_len:
+            reasons.append(f"a sequence of {kv.seq_len} tokens (plan.prompt_tokens + search.max_new_tokens) exceeds "
+                           f"backend.max_model_len={roll.max_model_len}")
+        if kv.per_gpu_bytes <= 0:
+            reasons.append(f"vLLM: the weights ({_gb(roll.weights_per_gpu_bytes)} GB per GPU) leave no KV cache in "
+                           f"gpu_memory_utilization × {p.gpu_memory_gb:g} GB")
+        elif roll.max_model_len is not None and kv.tokens < roll.max_model_len:
+            reasons.append(f"vLLM's KV cache holds {kv.tokens} tokens, less than one max_model_len="
+                           f"{roll.max_model_len} sequence (vLLM refuses to start)")
+        elif kv.max_seqs < kv.needed_seqs:
+            warnings.append(f"KV cache holds {kv.max_seqs} sequences of {kv.seq_len} tokens at once, fewer than "
+                            f"search.batch_size={kv.needed_seqs}: vLLM queues the rest (slower rollouts)")
+        if roll.tp > p.gpus_per_node:
+            warnings.append(f"vLLM tensor parallelism {roll.tp} spans nodes (slow); prefer <= {p.gpus_per_node}")
+    elif roll.kv is not None and roll.kv.needed_bytes_per_gpu > max(0, roll.kv.per_gpu_bytes):
+        reasons.append(f"transformers generation needs {_gb(roll.weights_per_gpu_bytes)} GB weights + "
+                       f"{_gb(roll.kv.needed_bytes_per_gpu)} GB KV cache on one GPU of {p.gpu_memory_gb:g} GB")
+    return reasons, warnings
+
+
+def _evaluate(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: DeepSpeedProfile, n: int,
+              dtype_bytes: int, seq_len: int):
+    on_gpu = member.device.startswith("cuda")
+    upd = update_memory(shape, profile, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len,
+                        micro_batch=cfg.train.micro_batch, p=cfg.plan, on_gpu=on_gpu)
+    roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len)
+    reasons, warnings = _check(shape, member, profile, upd, roll, cfg.plan, n)
+    if on_gpu and upd.cpu_bytes > cfg.plan.cpu_memory_gb * GB:
+        reasons.append(f"{profile.label} needs {_gb(upd.cpu_bytes)} GB host memory per node "
+                       f"(DeepSpeed's estimate) but a node has {cfg.plan.cpu_memory_gb:g} GB")
+    return upd, roll, reasons, warnings
+
+
+def min_gpus(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: DeepSpeedProfile, *,
+             dtype_bytes: int, seq_len: int) -> int | None:
+    """Fewest GPUs (up to the whole cluster) on which this agent's update and rollout fit with its profile."""
+    for n in range(1, cfg.plan.nodes * cfg.plan.gpus_per_node + 1):
+        if not _evaluate(shape, member, cfg, profile, n, dtype_bytes, seq_len)[2]:
+            return n
+    return None
+
+
+def _place(n: int, free: list[list[bool]], node_per_agent: bool) -> list[Span] | None:
+    """Take ``n`` GPUs: a contiguous range on one node when n fits a node, else whole free nodes."""
+    per_node = len(free[0])
+    if n <= per_node:
+        for node, gpus in enumerate(free):
+            if node_per_agent and not all(gpus):
+                continue
+            for start in range(per_node - n + 1):
+                if all(gpus[start:start + n]):
+                    last = start + n - 1 if not node_per_agent else per_node - 1
+                    for g in range(start, last + 1):
+                        gpus[g] = False
+                    return [Span(node, start, start + n - 1)]
+        return None
+    whole = [node for node, gpus in enumerate(free) if all(gpus)]
+    need = -(-n // per_node)
+    if len(whole) < need:
+        return None
+    spans, left = [], n
+    for node in whole[:need]:
+        take = min(per_node, left)
+        spans.append(Span(node, 0, take - 1))
+        free[node] = [False] * per_node
+        left -= take
+    return spans
+
+
+def plan(cfg: RunConfig) -> ClusterPlan:
+    """The resource plan of ``cfg`` on the cluster ``cfg.plan`` describes (see the module docstring)."""
+    p = cfg.plan
+    seq_len = p.prompt_tokens + cfg.search.max_new_tokens
+    free = [[True] * p.gpus_per_node for _ in range(p.nodes)]
+    members = cfg.agents.members
+    agents: list[AgentPlan] = []
+    node_host: dict[int, int] = {}
+    node_agents: dict[int, list[int]] = {}
+    for m in members:
+        if m.shares_weights_with is not None:
+            continue
+        roles = [x.name for x in members if (x.shares_weights_with or x.name) == m.name]
+        shape = model_shape(m.model, m.tiny)
+        dtype_bytes = DTYPE_BYTES[m.dtype]
+        profile = deepspeed_profile(cfg, m)
+        on_gpu = m.device.startswith("cuda")
+        n = max(1, m.gpus) if on_gpu else 0
+        upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len)
+        if on_gpu and m.gpus < 1:
+            warnings.insert(0, "gpus=0 on a CUDA device: planned as 1 GPU")
+        zero_opts = {}
+        if on_gpu:
+            per_node, nodes = _ranks_layout(n, p.gpus_per_node)
+            for label, stage, opt, par in ZERO_OPTIONS:
+                zero_opts[label] = zero_model_states(stage, shape.params, shape.largest_layer, gpus_per_node=per_node,
+                                                     nodes=nodes, offload_optimizer=opt, offload_param=par,
+                                                     zero_init=p.zero_init, buffer_factor=p.ds_buffer_factor).gpu_bytes
+        gmin = min_gpus(shape, m, cfg, profile, dtype_bytes=dtype_bytes, seq_len=seq_len) if on_gpu else None
+        if on_gpu and reasons:
+            reasons.append(f"with {profile.label} it needs at least {gmin} GPUs" if gmin is not None else
+                           f"with {profile.label} ({m.deepspeed or 'default profile'}) it fits on no number of GPUs "
+                           f"of this cluster")
+        spans: list[Span] = []
+        if on_gpu:
+            spans = _place(n, free, p.node_per_agent) or []
+            if not spans:
+                left = sum(map(sum, free))
+                where = "on nodes of its own" if p.node_per_agent or n > p.gpus_per_node else "on one node"
+                reasons.append(f"no room: it needs {n} GPU(s) {where} but {left} of {p.nodes * p.gpus_per_node} "
+                               "GPUs are left")
+            for node in sorted({s.node for s in spans}):
+                node_host[node] = node_host.get(node, 0) + upd.cpu_bytes
+                node_agents.setdefault(node, []).append(upd.cpu_bytes)
+        if roll.backend == "vllm":
+            roll.spans = list(spans)
+        elif spans:  # transformers generates on the agent's first GPU (member.device)
+            roll.spans = [Span(spans[0].node, spans[0].first, spans[0].first)]
+        agents.append(AgentPlan(
+            name=m.name, roles=roles, model=m.model, shape=shape, device="cuda" if on_gpu else "cpu", dtype=m.dtype,
+            profile=profile, gpus=n, gpus_min=gmin, weights_bytes=shape.params * dtype_bytes, update=upd,
+            zero_options=zero_opts, rollout=roll, update_spans=spans, reasons=reasons, warnings=warnings))
+    host = p.cpu_memory_gb * GB  # an agent that alone exceeds it already says so; here: agents sharing a node
+    reasons = [f"node{node} needs {_gb(b)} GB host memory for the {len(node_agents[node])} agents placed on it "
+               f"(DeepSpeed's estimates) but has {p.cpu_memory_gb:g} GB" for node, b in sorted(node_host.items())
+               if b > host and max(node_agents[node]) <= host]
+    used = sum(a.gpus for a in agents if a.update_spans)
+    return ClusterPlan(cluster=p, preset=cfg.agents.preset, agents=agents, node_host_bytes=node_host, used_gpus=used,
+                       gpu_memory_utilization=cfg.backend.gpu_memory_utilization, reasons=reasons)
+
+
+def require_fit(cp: ClusterPlan) -> ClusterPlan:
+    """``cp`` unchanged, or :class:`PlanRefused` with :meth:`ClusterPlan.refusal`."""
+    if not cp.fits:
+        raise PlanRefused(cp.refusal())
+    return cp
+
+
+def _gb(b: float) -> str:
+    return f"{b / GB:.1f}"

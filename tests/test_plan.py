@@ -1,0 +1,224 @@
+"""Resource planner (issue #8): parameter counts on the meta device, DeepSpeed's ZeRO estimators, vLLM KV-cache
+arithmetic, placement, refusal, and the `flows/plan.py` CLI."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mars2.config import ConfigError
+from mars2.plan import PUBLIC_PARAMS, PlanRefused, count_parameters, load_model_config, plan, require_fit
+from mars2.plan.memory import GB, kv_bytes_per_token, vllm_kv_budget, zero_model_states
+from mars2.plan.models import ModelConfigNotFound, shipped_models, tiny_config_dict
+from tasks.config import CONF_DIR, load_cfg, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_32B = 32_762_123_264
+QWEN3_32B_LARGEST = 151_936 * 5120  # embed_tokens (lm_head is the same size, untied)
+
+
+def _preset_models() -> list[str]:
+    names = set()
+    for path in (CONF_DIR / "agents").glob("*.yaml"):
+        for m in OmegaConf.load(path).members:
+            model = OmegaConf.to_container(m)["model"]
+            if model != "tiny":
+                names.add(model.rsplit("/", 1)[-1])
+    return sorted(names)
+
+
+PRESET_MODELS = _preset_models()
+
+
+@pytest.fixture
+def no_models(monkeypatch, tmp_path):
+    """MARS2_MODELS points at an empty folder: the planner must fall back to the shipped configs."""
+    monkeypatch.setenv("MARS2_MODELS", str(tmp_path / "no-models-here"))
+
+
+def _plan(*overrides: str):
+    return plan(resolve(load_cfg(list(overrides)), planning=True))
+
+
+def test_every_real_model_of_the_presets_is_shipped_with_a_public_size():
+    assert {"Qwen3-8B", "Qwen3-14B", "Qwen3-32B", "AReaL-boba-2-8B", "AReaL-boba-2-14B",
+            "AReaL-boba-2-32B"} <= set(PRESET_MODELS)
+    assert set(PRESET_MODELS) <= set(shipped_models()) and set(PRESET_MODELS) <= set(PUBLIC_PARAMS)
+
+
+@pytest.mark.parametrize("name", PRESET_MODELS)
+def test_parameter_counts_match_public_sizes_within_2_percent(name, tmp_path):
+    config, source = load_model_config(str(tmp_path / name))  # no such folder: the shipped config.json
+    assert source == f"shipped:{name}.json"
+    total, largest = count_parameters(config)
+    assert abs(total - PUBLIC_PARAMS[name]) / PUBLIC_PARAMS[name] < 0.02, (name, total)
+    assert largest == config["vocab_size"] * config["hidden_size"]  # the embedding is the largest module
+
+
+def test_qwen3_32b_exact_count_from_the_architecture():
+    config, _ = load_model_config("/nowhere/Qwen3-32B")
+    h, i, layers, v, hd = 5120, 25600, 64, 151_936, 128
+    per_layer = (h * 64 * hd + 2 * h * 8 * hd + 64 * hd * h  # q, k, v, o projections (no bias)
+                 + 3 * h * i  # gate, up, down
+                 + 2 * h + 2 * hd)  # two RMSNorms + q_norm / k_norm
+    assert count_parameters(config) == (2 * v * h + layers * per_layer + h, QWEN3_32B_LARGEST) == (QWEN3_32B,
+                                                                                                  QWEN3_32B_LARGEST)
+
+
+def test_tied_embeddings_are_counted_once():
+    cfg = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
+    tied, _ = count_parameters({**cfg, "tie_word_embeddings": True})
+    untied, _ = count_parameters({**cfg, "tie_word_embeddings": False})
+    assert untied - tied == 512 * 64
+
+
+def test_a_local_config_json_takes_precedence_over_the_shipped_one(tmp_path):
+    folder = tmp_path / "Qwen3-32B"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2", "vocab_size": 100, "hidden_size": 32, '
+                                        '"num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 64}')
+    config, source = load_model_config(str(folder))
+    assert source == str(folder / "config.json") and config["hidden_size"] == 32
+
+
+def test_an_unknown_model_without_a_folder_says_what_to_do(tmp_path):
+    with pytest.raises(ModelConfigNotFound, match="shipped configs.*config.json"):
+        load_model_config(str(tmp_path / "Mystery-70B"))
+
+
+def test_kv_cache_arithmetic_against_hand_computed_values():
+    # Qwen3-32B in bf16: 2 (K, V) x 64 layers x 8 KV heads x 128 x 2 bytes = 256 KiB per token
+    assert kv_bytes_per_token(64, 8, 128, 2) == 262_144
+    assert kv_bytes_per_token(64, 8, 128, 2, tp=8) == 32_768  # one KV head per GPU
+    assert kv_bytes_per_token(64, 8, 128, 2, tp=16) == 32_768  # vLLM replicates KV heads beyond tp = 8
+    kv = vllm_kv_budget(weights_bytes=QWEN3_32B * 2, gpu_bytes=141 * GB, utilization=0.85, tp=8, layers=64,
+                        kv_heads=8, head_dim=128, dtype_bytes=2, seq_len=2048 + 96, concurrent=32)
+    # 0.85 x 141 x 2**30 = 128,687,957,606.4 bytes; weights / 8 = 8,190,530,816 → 120,497,426,790 bytes per GPU
+    assert kv.per_gpu_bytes == 120_497_426_790
+    assert kv.tokens == 120_497_426_790 // 32_768 == 3_677_289
+    assert kv.max_seqs == 3_677_289 // 2144 == 1715
+    assert kv.needed_bytes_per_gpu == 32 * 2144 * 32_768
+
+
+def test_deepspeed_estimators_against_the_hand_formulas():
+    p, largest, n = QWEN3_32B, QWEN3_32B_LARGEST, 8
+    z3 = zero_model_states(3, p, largest, gpus_per_node=n)
+    assert z3.gpu_bytes == 4 * largest + int(18 * p / n)  # fp32 largest layer + 18 B/param sharded
+    assert "estimate_zero3_model_states_mem_needs" in z3.source
+    z3_off = zero_model_states(3, p, largest, gpus_per_node=n, offload_optimizer=True)
+    assert z3_off.gpu_bytes == 4 * largest + int(2 * p / n)  # only the bf16 parameters stay on the GPU
+    assert z3_off.cpu_bytes == int(p * 16 * 1.5)  # per node, zero_init, additional_buffer_factor 1.5
+    z2 = zero_model_states(2, p, largest, gpus_per_node=n)
+    assert z2.gpu_bytes == 2 * p + int(18 * p / n)
+    assert zero_model_states(0, p, largest, gpus_per_node=n).gpu_bytes == 16 * p  # ZeRO-0: plain formula
+    two_nodes = zero_model_states(3, p, largest, gpus_per_node=8, nodes=2)
+    assert two_nodes.gpu_bytes == 4 * largest + int(18 * p / 16)
+
+
+def test_heterogeneous_32b_plan_fits_the_papers_cluster_one_node_per_agent(no_models):
+    cp = require_fit(_plan("agents=heterogeneous_32b"))
+    assert [a.shape.name for a in cp.agents] == ["Qwen3-32B", "AReaL-boba-2-32B"]
+    assert all(a.shape.params == QWEN3_32B for a in cp.agents)
+    for node, a in enumerate(cp.agents):
+        assert a.profile.stage == 3 and a.profile.offload_optimizer and a.gpus == 8
+        assert [str(s) for s in a.update_spans] == [f"node{node}:GPU0-7"] == [str(s) for s in a.rollout.spans]
+        assert a.rollout.tp == 8 and a.rollout.kv.max_seqs >= 32
+        assert a.update.states.gpu_bytes == 4 * QWEN3_32B_LARGEST + int(2 * QWEN3_32B / 8)
+        assert a.update.reference_bytes == QWEN3_32B * 2 // 8
+        assert a.update.gpu_bytes < 141 * GB and a.gpus_min is not None and a.gpus_min <= 8
+    assert cp.used_gpus == 16 and cp.total_gpus == 24
+
+
+@pytest.mark.parametrize("preset", ["single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b"])
+def test_8b_and_14b_presets_plan_with_public_sizes(preset, no_models):
+    cp = require_fit(_plan(f"agents={preset}"))
+    for a in cp.agents:
+        assert abs(a.shape.params - PUBLIC_PARAMS[a.shape.name]) / PUBLIC_PARAMS[a.shape.name] < 0.02
+        assert a.device == "cuda" and a.update_spans
+
+
+def test_homogeneous_roles_share_one_engine(no_models):
+    cp = _plan("agents=homogeneous_8b")
+    assert [(a.name, a.roles) for a in cp.agents] == [("solver", ["solver", "debugger"])]
+
+
+def test_smollm2_cpu_plans_from_the_shipped_config():
+    cp = require_fit(_plan("agents=smollm2_cpu"))
+    assert [(a.shape.name, a.device) for a in cp.agents] == [("smollm2-135m-instruct", "cpu"), ("tiny:qwen2", "cpu")]
+    assert cp.agents[0].shape.params == 134_515_008 and cp.agents[0].shape.tied_embeddings
+
+
+def test_tiny_cpu_plans_on_cpu():
+    cp = require_fit(_plan("agents=tiny_cpu"))
+    assert [a.device for a in cp.agents] == ["cpu", "cpu"] and cp.used_gpus == 0
+    run = resolve(load_cfg([]), cuda_available=False)
+    for a, m in zip(cp.agents, run.agents.members, strict=True):
+        assert a.shape.params == count_parameters(tiny_config_dict(m.tiny))[0]
+
+
+def test_zero0_on_one_gpu_for_32b_is_refused_with_the_reason(no_models):
+    cp = _plan("agents=heterogeneous_32b", "agents.members.0.gpus=1", "agents.members.0.deepspeed=zero0_cpu")
+    assert not cp.fits and cp.agents[1].fits
+    with pytest.raises(PlanRefused, match=r"agent 'qwen3_32b': the update needs .* per GPU .*ZeRO-0.*fits on no "
+                                          r"number of GPUs"):
+        require_fit(cp)
+
+
+def test_not_enough_nodes_is_refused(no_models):
+    cp = _plan("agents=heterogeneous_32b", "plan.nodes=1")
+    assert cp.agents[0].fits and not cp.agents[1].fits
+    assert "no room" in cp.refusal()
+
+
+def test_node_per_agent_gives_each_agent_its_own_node(no_models):
+    packed = _plan("agents=heterogeneous_8b")
+    assert [str(a.update_spans[0]) for a in packed.agents] == ["node0:GPU0-1", "node0:GPU2-3"]
+    own = _plan("agents=heterogeneous_8b", "plan.node_per_agent=true")
+    assert [str(a.update_spans[0]) for a in own.agents] == ["node0:GPU0-1", "node1:GPU0-1"]
+
+
+def test_plan_config_is_validated():
+    with pytest.raises(ConfigError, match="plan.gpus_per_node"):
+        resolve(load_cfg(["plan.nodes=0"]), cuda_available=False)
+
+
+def test_planning_resolve_skips_model_folders_and_gpu_checks_only_when_asked(no_models):
+    cfg = load_cfg(["agents=heterogeneous_32b"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve(cfg, cuda_available=False)
+    assert resolve(cfg, cuda_available=False, planning=True).agents.preset == "heterogeneous_32b"
+
+
+# Runs flows/plan.py as __main__ and reports, at exit, which of these packages the process had loaded.
+_REPORT_MODULES = ("import atexit, runpy, sys\n"
+                   "atexit.register(lambda: print('LOADED', sorted({k.split('.')[0] for k in sys.modules"
+                   " if sys.modules[k]} & {'prefect', 'mlflow', 'deepspeed', 'torch'}), file=sys.stderr))\n"
+                   "sys.argv = ['flows/plan.py', *sys.argv[1:]]\n"
+                   "runpy.run_path('flows/plan.py', run_name='__main__')\n")
+
+
+def _cli(*args, tmp_path):
+    env = {**os.environ, "MARS2_HOME": str(tmp_path / "home"), "MARS2_MODELS": str(tmp_path / "no-models")}
+    return subprocess.run([sys.executable, "-c", _REPORT_MODULES, *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
+def test_cli_prints_the_32b_plan_without_prefect_or_mlflow(tmp_path):
+    out = _cli("agents=heterogeneous_32b", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for needle in ("Qwen3-32B", "AReaL-boba-2-32B", "32.76 B (32,762,123,264)", "public 32.8 B", "ZeRO-3+opt→cpu",
+                   "node0:GPU0-7", "node1:GPU0-7", "plan: fits"):
+        assert needle in out.stdout, needle
+    assert "LOADED ['deepspeed', 'torch']" in out.stderr  # DeepSpeed's estimators ran; Prefect and MLflow never loaded
+
+
+def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
+    out = _cli("agents=heterogeneous_32b", "plan.gpu_memory_gb=16", tmp_path=tmp_path)
+    assert out.returncode == 1
+    message = [ln for ln in out.stderr.splitlines() if ln.startswith("mars2: plan refused")]
+    assert len(message) == 1 and "cannot fit" in message[0] and "a GPU has 16 GB" in message[0]
+    assert "DOES NOT FIT" in out.stdout
