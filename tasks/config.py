@@ -1,7 +1,9 @@
 """Hydra side of the configuration: schema registration, composition, one-time validation.
 
-``flows/*.py`` get their config from ``@hydra.main`` and pass it to :func:`resolve`; deployments and
-tests compose with :func:`load_cfg`. Both end in a validated :class:`mars2.config.RunConfig`.
+One code path: every entry point turns a list of Hydra command-line overrides into a validated
+:class:`mars2.config.RunConfig` with :func:`compose_run` (= :func:`load_cfg`, Hydra's compose API, then
+:func:`resolve`). The CLI's ``@hydra.main`` passes the overrides of its current job
+(``HydraConfig.get().overrides.task``), a deployment passes its ``overrides`` parameter.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ def deepspeed_profiles(conf_dir: Path = CONF_DIR) -> dict[str, Any]:
     return {p.stem: OmegaConf.to_container(OmegaConf.load(p)) for p in sorted((conf_dir / "deepspeed").glob("*.yaml"))}
 
 
-def resolve(cfg: DictConfig, *, cuda_available: bool | None = None) -> RunConfig:
-    """Typed, interpolation-free, validated config (raises :class:`ConfigError` with a readable message)."""
+def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bool = False) -> RunConfig:
+    """Typed, interpolation-free, validated config (raises :class:`ConfigError` with a readable message).
+
+    ``planning=True`` (flows/plan.py) does not require the model folders or a GPU on this machine."""
     unknown = sorted(set(cfg.keys()) - set(RunConfig.__dataclass_fields__) - {"hydra"})
     if unknown:
         raise ConfigError(f"unknown config key(s) {unknown}. Known top-level keys: {', '.join(RunConfig.__dataclass_fields__)}.")
@@ -36,20 +40,35 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None) -> RunConfig
         run: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid config value: {_first_line(e)}") from None
-    return validate(run, cuda_available=cuda_available)
+    return validate(run, cuda_available=cuda_available, planning=planning)
+
+
+def compose_run(overrides: list[str] | tuple[str, ...] = (), **resolve_kwargs: Any) -> RunConfig:
+    """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run."""
+    return resolve(load_cfg(overrides), **resolve_kwargs)
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:
-    """Compose ``conf/`` with Hydra command-line style overrides, outside ``@hydra.main``."""
+    """Compose ``conf/`` with Hydra command-line style overrides (Hydra's compose API).
+
+    Works inside a ``@hydra.main`` job too: the job's Hydra instance is set aside while composing and put back.
+    """
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    outer = GlobalHydra.instance().hydra  # set inside a @hydra.main job
+    GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         cause = f" ({_first_line(e.__cause__)})" if e.__cause__ is not None else ""
         raise ConfigError(f"bad override: {' '.join(str(e).split())}{cause}") from None
+    finally:
+        if outer is not None:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(outer)
 
 
 def to_container(cfg: RunConfig | DictConfig) -> dict[str, Any]:

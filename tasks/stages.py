@@ -1,24 +1,193 @@
-"""The stage tasks, bound to a run folder's result storage (where Prefect keeps cache records)."""
+"""The stage tasks as a flow calls them: bound to a run folder, and placed where the config says they run.
+
+``bound(root, orchestration)`` gives one callable per stage task (``stage.rollout(...)``, ...), each returning the
+stage's :class:`StageRecord`:
+
+- ``orchestration.mode=local`` (default): the Prefect task, run in this process. ``.submit(...)`` runs it now too
+  (one stage at a time, as before), so a flow can be written once for both modes.
+- ``orchestration.mode=pools``: a stage whose pool (``orchestration.pools[<stage>]``) is not ``flow_pool`` becomes
+  a flow run of the ``stage`` deployment on that pool (``stage/<pool>``, see ``flows/deploy.py``), started with
+  ``run_deployment`` as a subflow of the calling flow run. Its arguments travel as JSON (configs and records are
+  small dataclasses); the worker rebuilds them, runs the *same* task with the *same* cache key, and writes the
+  record to ``<root>/dispatch/<its flow run id>.json``, where this process reads it back. ``.submit(...)``
+  starts the flow run in a thread and returns a future: per-agent updates run concurrently on the pool's workers.
+
+Every worker must see the run folder at the same path (``$MARS2_HOME`` on shared storage): artefacts and cache
+records live there, not in Prefect.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
+import inspect
+import json
+import typing
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
-from tasks._stage import RESULTS_DIR
+from prefect import flow
+
+from mars2.config import ConfigError, OrchestrationConfig
+from mars2.io import atomic_write_json
+from tasks._stage import RESULTS_DIR, StageRecord
 from tasks.advantage import compute_advantages
 from tasks.agents import init_agents
+from tasks.bootstrap import bootstrap_agents
+from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
 from tasks.evaluation import evaluate
 from tasks.grading import grade
 from tasks.rollout import rollout
 from tasks.update import update_policy
 
-ALL = {f.__name__: f for f in (prepare_dataset, init_agents, rollout, grade, compute_advantages, update_policy, evaluate)}
+ALL = {f.__name__: f for f in (prepare_dataset, init_agents, bootstrap_agents, import_checkpoints, rollout, grade,
+                                compute_advantages, update_policy, evaluate)}
+STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are named after their pool
+DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
 
 
-def bound(root: str | Path) -> SimpleNamespace:
-    """Every stage task with ``result_storage=<root>/prefect-results``, so its cache survives restarts."""
+def bound(root: str | Path, orchestration: OrchestrationConfig | None = None) -> SimpleNamespace:
+    """Every stage, with ``result_storage=<root>/prefect-results`` (its cache survives restarts), placed by
+    ``orchestration`` (None or mode ``local``: all in this process)."""
     storage = Path(root).resolve() / RESULTS_DIR
     storage.mkdir(parents=True, exist_ok=True)
-    return SimpleNamespace(**{name: t.with_options(result_storage=storage) for name, t in ALL.items()})
+    tasks = {name: t.with_options(result_storage=storage) for name, t in ALL.items()}
+    if orchestration is None or orchestration.mode == "local":
+        return SimpleNamespace(**{name: LocalStage(t) for name, t in tasks.items()})
+    check_dispatch(orchestration)
+    pool = {name: orchestration.pools.get(t.name, orchestration.flow_pool) for name, t in tasks.items()}
+    executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mars2-dispatch")
+    return SimpleNamespace(**{
+        name: LocalStage(t) if pool[name] == orchestration.flow_pool
+        else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor)
+        for name, t in tasks.items()})
+
+
+def check_dispatch(orchestration: OrchestrationConfig) -> None:
+    """Pools mode needs a Prefect server that workers poll; the per-process ephemeral one has none."""
+    from prefect.settings import PREFECT_API_URL
+
+    if orchestration.mode == "pools" and not PREFECT_API_URL.value():
+        raise ConfigError("orchestration=pools sends stages to Prefect work pools, but PREFECT_API_URL is not set "
+                          "(this process would start its own ephemeral server, which no worker polls). Point it at "
+                          "the team's server (PREFECT_API_URL=http://<host>:4200/api, docs/team.md) or use "
+                          "orchestration=local.")
+
+
+class LocalStage:
+    """A stage task run in this process."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __call__(self, *args: Any, **kwargs: Any) -> StageRecord:
+        return self.task(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future:
+        """Runs the stage now (stages in one process run one at a time) and returns its finished future."""
+        done: Future = Future()
+        done.set_result(self.task(*args, **kwargs))
+        return done
+
+
+class PoolStage:
+    """A stage run as a flow run of ``stage/<pool>`` on that work pool's workers."""
+
+    def __init__(self, name: str, task, pool: str, timeout_s: float | None, executor: ThreadPoolExecutor):
+        self.name, self.task, self.pool, self.timeout_s, self.executor = name, task, pool, timeout_s, executor
+
+    def __call__(self, *args: Any, **kwargs: Any) -> StageRecord:
+        return self.submit(*args, **kwargs).result()
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future:
+        call = inspect.signature(self.task.fn).bind(*args, **kwargs)
+        call.apply_defaults()
+        context = contextvars.copy_context()  # keeps the flow run context: the stage shows as a subflow
+        return self.executor.submit(context.run, self._dispatch, dict(call.arguments))
+
+    def _dispatch(self, arguments: dict[str, Any]) -> StageRecord:
+        from prefect.deployments import run_deployment
+        from prefect.exceptions import ObjectNotFound
+
+        deployment = f"{STAGE_FLOW}/{self.pool}"
+        run_name = (self.task.task_run_name or self.task.name).format(**arguments)
+        try:
+            run = run_deployment(deployment, parameters={"stage": self.name, "args": encode_args(arguments)},
+                                 flow_run_name=run_name, timeout=self.timeout_s, poll_interval=2)
+        except ObjectNotFound:
+            raise RuntimeError(f"no deployment {deployment!r} on the Prefect server: register it with "
+                               f"`python flows/deploy.py` and start a worker: `prefect worker start --pool {self.pool}`"
+                               ) from None
+        state = run.state
+        if state is None or not state.is_final():
+            _cancel(run.id)
+            raise TimeoutError(f"stage {run_name} on pool {self.pool!r} was not finished after "
+                               f"orchestration.stage_timeout_s={self.timeout_s} s (state {state and state.name}); is a "
+                               f"worker polling it? `prefect worker start --pool {self.pool}`")
+        if not state.is_completed():
+            raise RuntimeError(f"stage {run_name} failed on pool {self.pool!r}: flow run {run.name} ({run.id}) "
+                               f"ended {state.name}: {state.message or ''}".rstrip(": "))
+        return read_dispatched(arguments["ctx"].root, str(run.id))
+
+
+def _cancel(flow_run_id) -> None:
+    """Best effort: the stage is reported as timed out whether or not its flow run could be cancelled."""
+    import httpx
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectException
+    from prefect.logging import get_logger
+    from prefect.states import Cancelled
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Cancelled(message="stage timed out"), force=True)
+    except (PrefectException, httpx.HTTPError, OSError, RuntimeError) as e:
+        get_logger("mars2.stages").warning("could not cancel flow run %s: %s", flow_run_id, e)
+
+
+# ---------------------------------------------------------------- the far side: the `stage` flow
+
+@flow(name=STAGE_FLOW, log_prints=True)
+def stage_flow(stage: str, args: dict[str, Any]) -> str:
+    """Run one stage task (``stage`` = its function name, e.g. ``rollout``) with JSON-encoded ``args``, in the run
+    folder named by ``args["ctx"]["root"]``; its record goes to ``<root>/dispatch/<this flow run id>.json``."""
+    from prefect.runtime import flow_run
+
+    if stage not in ALL:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(ALL)}")
+    kwargs = decode_args(ALL[stage], args)
+    root = kwargs["ctx"].root
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
+                                "($MARS2_HOME) at the same path")
+    record = getattr(bound(root), stage)(**kwargs)
+    path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, dataclasses.asdict(record))
+    return str(path)
+
+
+def read_dispatched(root: str, flow_run_id: str) -> StageRecord:
+    path = Path(root) / DISPATCH_DIR / f"{flow_run_id}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"the stage flow run {flow_run_id} completed but {path} is missing: does its worker "
+                                "mount the run folder at the same path?")
+    return StageRecord(**json.loads(path.read_text()))
+
+
+def encode_args(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A stage call's arguments as JSON values (dataclasses become dicts)."""
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(arguments)
+
+
+def decode_args(task, args: dict[str, Any]) -> dict[str, Any]:
+    """Rebuild typed arguments (StageContext, configs, records) from :func:`encode_args`, by the task's signature."""
+    from pydantic import TypeAdapter
+
+    hints = typing.get_type_hints(task.fn)
+    return {name: TypeAdapter(hints.get(name, Any)).validate_python(value) for name, value in args.items()}

@@ -1,8 +1,10 @@
 """The team stack (docker-compose.yml + docker/) is wired the way the pipeline needs it.
 
-No Docker engine is needed: the compose file is read with PyYAML. If a Compose v2 CLI is present
-(``docker compose`` or a standalone v2 ``docker-compose``), ``config -q`` validates it against the
-Compose spec as well (it needs no engine); otherwise that one test is skipped.
+No Docker engine is needed: the compose file is read with PyYAML after Compose's own ``${VAR}`` interpolation
+with the values of ``.env.example`` (secrets live in a git-ignored ``.env``; none is written in the repository).
+If a Compose v2 CLI is present (``docker compose`` or a standalone v2 ``docker-compose``), ``config -q``
+validates it against the Compose spec as well (it needs no engine); otherwise that one test is skipped.
+If Postgres' server binaries are installed, ``postgres-init.sql`` is run against a throw-away cluster.
 """
 
 from __future__ import annotations
@@ -22,14 +24,47 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 INIT_SQL = ROOT / "docker" / "postgres-init.sql"
+ENV_EXAMPLE = ROOT / ".env.example"
 
 IMAGE_SERVICES = ("prefect-server", "mlflow", "create-pools", "worker-cpu", "worker-gpu")
 WORKERS = ("worker-cpu", "worker-gpu")
 
 
+def env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(text: str, values: dict[str, str]) -> str:
+    """Compose's variable substitution: ``${VAR}``, ``${VAR:-default}``, ``${VAR:?error}`` (and ``-``/``?``
+    without the colon); ``$$`` is a literal ``$``. A required variable that is missing raises."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        value = values.get(name)
+        unset = value is None or (op is not None and op.startswith(":") and value == "")
+        if op and op.endswith("?") and unset:
+            raise KeyError(f"required variable {name} is not set: {arg}")
+        if op and op.endswith("-") and unset:
+            return arg
+        return value or ""
+
+    return _VAR.sub(sub, text)
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+    return yaml.safe_load(interpolate(COMPOSE.read_text(), env_file(ENV_EXAMPLE)))
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +338,10 @@ def test_dockerfile_copies_existing_paths():
 def test_init_sql_creates_the_mlflow_database(services):
     sql = re.sub(r"--[^\n]*", "", INIT_SQL.read_text())
     backend = urlparse(option(argv(services["mlflow"]), "--backend-store-uri"))
-    assert re.search(rf"CREATE\s+(ROLE|USER)\s+{backend.username}\b[^;]*PASSWORD\s+'{backend.password}'", sql, re.I)
+    # the password comes from the postgres container's environment, the same value MLflow connects with
+    (var, env_name), = re.findall(r"\\getenv\s+(\w+)\s+(\w+)", sql)
+    assert env(services["postgres"])[env_name] == backend.password
+    assert re.search(rf"CREATE\s+(ROLE|USER)\s+{backend.username}\b[^;]*PASSWORD\s+:'{var}'", sql, re.I)
     assert re.search(rf"CREATE\s+DATABASE\s+{backend.path.lstrip('/')}\b[^;]*OWNER\s+{backend.username}\b", sql, re.I)
     mounts = mount_targets(services["postgres"])
     init = [t for t, s in mounts.items() if t.startswith("/docker-entrypoint-initdb.d/")]
@@ -335,8 +373,125 @@ def test_docker_compose_config_is_valid(profile):
     cli = compose_cli()
     if cli is None:
         pytest.skip("no Compose v2 CLI here (`docker compose` / v2 `docker-compose`); YAML checks above still ran")
-    args = [*cli, "-f", str(COMPOSE)]
+    args = [*cli, "-f", str(COMPOSE), "--env-file", str(ENV_EXAMPLE)]
     if profile:
         args += ["--profile", profile]
     out = subprocess.run([*args, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
+
+
+# ---------------------------------------------------------------- secrets, health, images
+
+SECRET_KEY = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY", re.I)
+
+
+def test_no_secret_literal_is_committed():
+    """Every password in the compose file is a ${VAR} from the git-ignored .env; the init SQL reads its own
+    from the environment; .env.example holds placeholders only, none of which is copied anywhere."""
+    raw = yaml.safe_load(COMPOSE.read_text())
+    for name, svc in raw["services"].items():
+        for key, value in env(svc).items():
+            if SECRET_KEY.search(key):
+                assert value and re.fullmatch(r"\$\{\w+(:?[-?][^}]*)?\}", value), f"{name}: {key} is a literal"
+    text = COMPOSE.read_text()
+    for url in re.findall(r"\b[\w+]+://[^\s\"']+", text):
+        parsed = urlparse(url)
+        if "@" in parsed.netloc:
+            password = parsed.netloc.split("@")[0].partition(":")[2]
+            assert password.startswith("${"), f"password literal in {url}"
+    sql = re.sub(r"--[^\n]*", "", INIT_SQL.read_text())
+    assert not re.search(r"PASSWORD\s+'", sql, re.I), "postgres-init.sql has a password literal"
+    placeholders = {k: v for k, v in env_file(ENV_EXAMPLE).items() if SECRET_KEY.search(k)}
+    assert placeholders and all("change-me" in v for v in placeholders.values())
+    for path in (COMPOSE, INIT_SQL, DOCKERFILE, ROOT / "docker" / "README.md"):
+        for v in placeholders.values():
+            assert v not in path.read_text(), f"{path.name} contains the example secret {v!r}"
+    assert ".env" in (ROOT / ".gitignore").read_text().split(), ".env must be git-ignored"
+
+
+def test_env_example_sets_every_required_variable():
+    text = COMPOSE.read_text()
+    required = set(re.findall(r"\$\{(\w+):?\?", text))
+    assert required >= {"POSTGRES_PASSWORD", "MLFLOW_DB_PASSWORD"}
+    assert required <= set(env_file(ENV_EXAMPLE))
+    with pytest.raises(KeyError, match="POSTGRES_PASSWORD"):
+        interpolate(text, {})  # `docker compose up` without a .env stops with that message
+
+
+@pytest.mark.parametrize("name", WORKERS)
+def test_workers_have_health_checks(services, name):
+    svc = services[name]
+    assert "--with-healthcheck" in argv(svc)
+    port = env(svc)["PREFECT_WORKER_WEBSERVER_PORT"]
+    assert f"localhost:{port}/health" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_long_running_services_have_health_checks(services):
+    for name, svc in services.items():
+        if name != "create-pools":
+            assert "healthcheck" in svc, f"{name} has no healthcheck"
+
+
+def test_vllm_is_in_the_gpu_image_only(services):
+    gpu = services["worker-gpu"]
+    assert str(gpu["build"]["args"]["WITH_VLLM"]) == "1"
+    assert env(gpu)["MARS2_VLLM_PYTHON"] == "/opt/vllm/bin/python"
+    for name in IMAGE_SERVICES:
+        if name != "worker-gpu":
+            assert str((services[name].get("build") or {}).get("args", {}).get("WITH_VLLM", "0")) == "0", name
+            assert "MARS2_VLLM_PYTHON" not in env(services[name])
+    lines = dockerfile_lines()
+    assert "ARG WITH_VLLM=0" in lines
+    (install,) = [ln for ln in lines if ln.startswith("RUN ") and "vllm==" in ln]
+    assert '[ "$WITH_VLLM" = "1" ]' in install and "/opt/vllm/bin/pip install" in install
+    assert "torch" not in install, "vLLM brings its own torch into /opt/vllm; the main environment keeps 2.13.0"
+
+
+def test_create_pools_registers_the_deployments(services):
+    args = argv(services["create-pools"])
+    text = args[args.index("-c") + 1]
+    assert "python flows/deploy.py --pool cpu" in " ".join(text.split())
+
+
+def test_init_sql_runs_in_postgres():
+    """Run postgres-init.sql as the image's entrypoint does (psql -f, ON_ERROR_STOP) in a throw-away cluster."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not bins or not shutil.which("psql"):
+        pytest.skip("no Postgres server binaries here")
+    import os
+    import tempfile
+
+    bindir = bins[-1].parent
+    as_user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    if as_user and not shutil.which("runuser"):
+        pytest.skip("initdb refuses root and runuser is missing")
+    with tempfile.TemporaryDirectory(prefix="mars2-pg-") as tmp:  # short (socket path) and reachable by nobody
+        tmp_path = Path(tmp)
+        tmp_path.chmod(0o777)
+        _init_sql_in_cluster(bindir, as_user, tmp_path)
+
+
+def _init_sql_in_cluster(bindir: Path, as_user: list[str], tmp_path: Path) -> None:
+    import os
+
+    data, sock = tmp_path / "data", tmp_path
+    (tmp_path / "init.sql").write_text(INIT_SQL.read_text())
+
+    def run(*cmd, env=None):
+        return subprocess.run([*as_user, *cmd], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
+
+    assert run(str(bindir / "initdb"), "-D", str(data), "-U", "prefect", "--auth=trust").returncode == 0
+    start = run(str(bindir / "pg_ctl"), "-D", str(data), "-o", f"-k {sock} -c listen_addresses=''",
+                "-l", str(tmp_path / "log"), "-w", "start")
+    assert start.returncode == 0, start.stderr
+    try:
+        psql = ["psql", "-v", "ON_ERROR_STOP=1", "-U", "prefect", "--no-password", "--no-psqlrc", "-h", str(sock)]
+        out = run(*psql, "-d", "postgres", "-f", str(tmp_path / "init.sql"), env={"MLFLOW_DB_PASSWORD": "it's-a-test"})
+        assert out.returncode == 0, out.stderr
+        rows = run(*psql, "-d", "postgres", "-Atc",
+                   "select rolcanlogin, rolpassword is not null from pg_authid where rolname = 'mlflow';"
+                   "select pg_get_userbyid(datdba) from pg_database where datname = 'mlflow'")
+        assert rows.stdout.split() == ["t|t", "mlflow"], rows.stdout + rows.stderr
+    finally:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")

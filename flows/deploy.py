@@ -1,0 +1,195 @@
+"""Register mars2's Prefect deployments on a server, and submit sweeps to them.
+
+    export PREFECT_API_URL=http://<host>:4200/api          # the team's server (docs/team.md)
+    python flows/deploy.py                                # train-cycle/cpu, sweep/cpu, stage/cpu, stage/gpu
+    python flows/deploy.py --pool gpu                     # train-cycle (and sweep) on the gpu pool instead
+    python flows/deploy.py sweep agents=tiny_cpu,tiny_cpu_single train.kl_coef=1e-3,2e-3   # 4 flow runs
+    python flows/deploy.py sweep --wait train.cycles=1    # one run; wait for it, exit 1 unless it completed
+
+Deployments (no image, no code storage: workers import the installed ``flows``/``tasks`` packages, so each worker
+needs ``pip install -e .`` of the same code and ``MARS2_HOME`` pointing at the shared run folder):
+
+- ``train-cycle/<pool>``: the train cycle. Its one parameter, ``overrides``, is a list of Hydra overrides — start a
+  run from the UI with ``["agents=heterogeneous_8b", "train.kl_coef=2e-3"]``; the flow composes the config exactly
+  as ``python flows/train_cycle.py agents=heterogeneous_8b train.kl_coef=2e-3`` does.
+- ``sweep/<pool>``: submits one ``train-cycle`` run per point of a grid written in Hydra's ``-m`` syntax
+  (``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]``) and returns at once.
+- ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml``: one stage of a train cycle run
+  with ``orchestration=pools`` (``tasks/stages.py``).
+
+Missing work pools are created as ``process`` pools (``--no-create-pools`` to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+
+import tasks  # noqa: F401  (process defaults before Prefect is imported)
+from prefect import flow
+from prefect.deployments.runner import EntrypointType
+
+from mars2.config import ConfigError
+from tasks.config import load_cfg
+from tasks.stages import stage_flow
+from flows.train_cycle import train_cycle
+
+DEFAULT_POOL = "cpu"
+
+
+# ---------------------------------------------------------------- sweeps
+
+def expand_grid(overrides: Sequence[str]) -> list[list[str]]:
+    """The override lists of a Hydra sweep, exactly as ``python flows/train_cycle.py -m ...`` expands them:
+    ``a=1,2 b=x`` → ``[["a=1", "b=x"], ["a=2", "b=x"]]`` (also ``choice(...)``, ``range(...)``, ``glob(...)``)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        (batch,) = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as e:
+        raise ConfigError(f"bad sweep: {' '.join(str(e).split())}") from None
+    return batch
+
+
+def submit_grid(grid: Sequence[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", *,
+                as_subflow: bool = False) -> list:
+    """Compose every point of ``grid`` (a bad override fails before anything is submitted), then start one flow run
+    of ``deployment`` per point without waiting. Returns the flow runs; they share the tag ``sweep-<id>``."""
+    from prefect.deployments import run_deployment
+
+    points = expand_grid(grid)
+    for point in points:
+        load_cfg(point)  # keys, option names, types; machine checks (models, GPUs) run on the worker
+    sweep_id = hashlib.sha256(json.dumps([points, time.time()]).encode()).hexdigest()[:8]
+    return [run_deployment(deployment, parameters={"overrides": point}, timeout=0, as_subflow=as_subflow,
+                           tags=["mars2", f"sweep-{sweep_id}"]) for point in points]
+
+
+@flow(name="sweep")
+def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}") -> list[dict]:
+    """One ``train-cycle`` flow run per point of ``grid`` — Hydra ``-m`` syntax, e.g.
+    ``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]`` (4 runs) — submitted without waiting."""
+    return [{"flow_run": r.name, "id": str(r.id), "overrides": r.parameters["overrides"]}
+            for r in submit_grid(grid, deployment, as_subflow=True)]
+
+
+def wait_for(runs: Iterable, timeout_s: float) -> dict[str, str]:
+    """Final state name of every flow run (``TIMEOUT`` for those still running after ``timeout_s``)."""
+    from prefect.client.orchestration import get_client
+
+    pending = {r.id: r.name for r in runs}
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while pending and time.monotonic() < deadline:
+            for run_id, name in list(pending.items()):
+                state = client.read_flow_run(run_id).state
+                if state is not None and state.is_final():
+                    states[name] = state.name
+                    del pending[run_id]
+            if pending:
+                time.sleep(2)
+    return {**states, **{name: "TIMEOUT" for name in pending.values()}}
+
+
+# ---------------------------------------------------------------- registration
+
+def stage_pools(overrides: Sequence[str] = ()) -> list[str]:
+    """Every pool named by ``orchestration=pools`` (plus ``overrides``, e.g. ``orchestration.pools.update=a100``)."""
+    cfg = load_cfg(["orchestration=pools", *overrides])
+    return sorted({*cfg.orchestration.pools.values(), cfg.orchestration.flow_pool})
+
+
+def ensure_pools(names: Iterable[str]) -> list[str]:
+    """Create the missing ones as process work pools; returns the names created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    created = []
+    with get_client(sync_client=True) as client:
+        for name in sorted(set(names)):
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=name, type="process",
+                                                       base_job_template=ProcessWorker.get_default_base_job_template()))
+                created.append(name)
+    return created
+
+
+def register(pool: str = DEFAULT_POOL, overrides: Sequence[str] = (), *, create_pools: bool = True) -> dict[str, str]:
+    """Create/update ``train-cycle/<pool>``, ``sweep/<pool>`` and ``stage/<p>`` for every stage pool; name → id."""
+    pools = stage_pools(overrides)
+    if create_pools:
+        for name in ensure_pools([pool, *pools]):
+            print(f"created work pool {name!r} (process)")
+    module = EntrypointType.MODULE_PATH  # workers import the installed packages: no image, no code storage
+    sweep_flow = importlib.import_module("flows.deploy").sweep  # not __main__.sweep when run as a script
+    deployments = [
+        train_cycle.to_deployment(name=pool, parameters={"overrides": []}, entrypoint_type=module, tags=["mars2"],
+                                  description="MARS² train cycle. `overrides`: Hydra overrides, as on the command line "
+                                              "of flows/train_cycle.py, e.g. [\"agents=tiny_cpu_single\", "
+                                              "\"train.cycles=3\"]."),
+        sweep_flow.to_deployment(name=pool, parameters={"deployment": f"train-cycle/{pool}"}, entrypoint_type=module,
+                            tags=["mars2"], description="One train-cycle run per point of a Hydra -m grid, e.g. "
+                                                        "[\"agents=tiny_cpu,tiny_cpu_single\", \"train.kl_coef=1e-3,2e-3\"]."),
+        *[stage_flow.to_deployment(name=p, entrypoint_type=module, tags=["mars2"],
+                                   description=f"One stage of a train cycle with orchestration=pools, on pool {p!r}.")
+          for p in sorted({pool, *pools})],
+    ]
+    ids = {}
+    for d in deployments:
+        ids[f"{d.flow_name}/{d.name}"] = str(d.apply(work_pool_name=d.name))
+    return ids
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="flows/deploy.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    reg = sub.add_parser("register", help="register the deployments (the default command)")
+    reg.add_argument("--pool", default=DEFAULT_POOL, help="work pool of train-cycle and sweep (default: cpu)")
+    reg.add_argument("--no-create-pools", action="store_true", help="do not create missing work pools")
+    reg.add_argument("overrides", nargs="*", help="orchestration overrides naming stage pools")
+    sw = sub.add_parser("sweep", help="submit one train-cycle run per point of a Hydra -m grid")
+    sw.add_argument("--deployment", default=f"train-cycle/{DEFAULT_POOL}")
+    sw.add_argument("--wait", action="store_true", help="wait for every run; exit 1 unless all completed")
+    sw.add_argument("--timeout", type=float, default=3600.0, help="with --wait: seconds (default 3600)")
+    sw.add_argument("grid", nargs="*", help="Hydra overrides; comma lists / choice() / range() sweep")
+    if not argv or argv[0] not in ("register", "sweep", "-h", "--help"):
+        argv = ["register", *argv]
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "register":
+            for name, dep_id in register(args.pool, args.overrides, create_pools=not args.no_create_pools).items():
+                print(f"deployment {name}  ({dep_id})")
+            print(f"start workers: prefect worker start --pool {args.pool}   (and one per stage pool, e.g. --pool gpu)")
+            return 0
+        runs = submit_grid(args.grid, args.deployment)
+    except ConfigError as e:
+        print(f"mars2: config error: {e}", file=sys.stderr)
+        return 2
+    for r in runs:
+        print(f"submitted {r.name}  {r.id}  {json.dumps(r.parameters['overrides'])}")
+    if not args.wait:
+        return 0
+    states = wait_for(runs, args.timeout)
+    for name, state in states.items():
+        print(f"{name}: {state}")
+    return 0 if all(s == "Completed" for s in states.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

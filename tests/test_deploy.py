@@ -1,0 +1,391 @@
+"""Deployments, sweeps and work pools (flows/deploy.py, tasks/stages.py, conf/orchestration/).
+
+Fast tests: the CLI and a deployment compose identical configs (one function, ``tasks.config.compose_run``), the
+CLI hands each Hydra job's overrides to the flow (``-m`` gives one flow run per job), stage arguments survive the
+trip to a worker with their cache keys, stages are placed by ``orchestration.pools``.
+
+Slow tests (``-m slow``; what CI runs with the rest): a real ``prefect server start`` (SQLite, free port, temporary
+PREFECT_HOME) with two ``prefect worker start`` process workers (pools ``cpu`` and ``gpu``, no Docker) and the
+deployments of ``python flows/deploy.py``. The default flow (made small) runs from its deployment, started by the
+``sweep`` deployment as from the UI; then ``flows/deploy.py sweep --wait`` runs it with ``orchestration=pools``
+(rollout, both agents' updates at once, and evaluation as ``stage`` flow runs on the ``gpu`` pool). Everything
+started is stopped at the end (≈ 3.5 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+import yaml
+
+from mars2.config import ConfigError, OrchestrationConfig
+from tasks._stage import StageContext, StageRecord, stage_digest
+from tasks.config import compose_run, load_cfg, to_container
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
+         "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
+         "train.cycles=1", "grading.time_limit_s=2"]
+OVERRIDE_LISTS = [
+    [],
+    ["agents=tiny_cpu_single", "train.kl_coef=0.002"],
+    ["search=sampling", "train=grpo", "train.cycles=3", "agents.members.1.optimizer.lr=2e-6"],
+    ["orchestration=pools", "orchestration.pools.grading=gpu", "++agents.members.0.tiny.seed=7"],
+    ["agents=heterogeneous_8b", "agents.members.0.optimizer.lr=2e-6"],  # the issue's example (composed, not run)
+]
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "MARS2_HOME": str(tmp / "home"), "HF_HUB_OFFLINE": "1", **extra}
+    for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        if k not in extra:
+            env.pop(k, None)
+    return env
+
+
+# ---------------------------------------------------------------- one config code path
+
+@pytest.mark.parametrize("overrides", OVERRIDE_LISTS, ids=lambda o: " ".join(o) or "default")
+def test_cli_and_deployment_compose_identical_configs(overrides, tmp_path, monkeypatch):
+    """What ``flows/train_cycle.py <overrides> --cfg job`` shows (Hydra's @hydra.main composition) is what a
+    deployment run with ``{"overrides": <overrides>}`` composes and runs."""
+    env = _env(tmp_path, MARS2_MODELS=str(tmp_path / "models"))
+    out = subprocess.run([sys.executable, "flows/train_cycle.py", *overrides, "--cfg", "job", "--resolve"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    cli = yaml.safe_load(out.stdout)
+    monkeypatch.setenv("MARS2_HOME", env["MARS2_HOME"])
+    monkeypatch.setenv("MARS2_MODELS", env["MARS2_MODELS"])
+    deployed = to_container(load_cfg(overrides))  # the composition train_cycle(overrides) starts from
+    assert cli == deployed
+    if not any(o.startswith("agents=heterogeneous") for o in overrides):  # CPU presets validate here
+        from omegaconf import OmegaConf
+
+        from tasks.config import resolve
+
+        assert to_container(resolve(OmegaConf.create(cli))) == to_container(compose_run(overrides))
+
+
+def test_cli_gives_the_flow_each_jobs_overrides_and_multirun_runs_one_flow_per_job(tmp_path):
+    probe = (
+        "import json, sys\n"
+        "import flows.train_cycle as m\n"
+        "calls = []\n"
+        "m.train_cycle = lambda overrides: calls.append(overrides)\n"
+        "for argv in (['train.cycles=3', 'agents=tiny_cpu_single'],\n"
+        "             ['-m', 'agents=tiny_cpu,tiny_cpu_single', 'train.kl_coef=0.001,0.002', 'search.max_nodes=4']):\n"
+        "    sys.argv = ['flows/train_cycle.py', *argv]\n"
+        "    m.main()\n"
+        "print('CALLS=' + json.dumps(calls))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    calls = json.loads(out.stdout.split("CALLS=")[1])
+    assert calls == [
+        ["train.cycles=3", "agents=tiny_cpu_single"],
+        ["agents=tiny_cpu", "train.kl_coef=0.001", "search.max_nodes=4"],
+        ["agents=tiny_cpu", "train.kl_coef=0.002", "search.max_nodes=4"],
+        ["agents=tiny_cpu_single", "train.kl_coef=0.001", "search.max_nodes=4"],
+        ["agents=tiny_cpu_single", "train.kl_coef=0.002", "search.max_nodes=4"],
+    ]
+    # multirun's per-job folders stay in the run folder, not the repository
+    assert (tmp_path / "home" / "multirun").is_dir()
+
+
+def test_sweep_grid_is_hydras_multirun_grid():
+    from flows.deploy import expand_grid
+
+    assert expand_grid(["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=0.001,0.002", "train.cycles=1"]) == [
+        ["agents=tiny_cpu", "train.kl_coef=0.001", "train.cycles=1"],
+        ["agents=tiny_cpu", "train.kl_coef=0.002", "train.cycles=1"],
+        ["agents=tiny_cpu_single", "train.kl_coef=0.001", "train.cycles=1"],
+        ["agents=tiny_cpu_single", "train.kl_coef=0.002", "train.cycles=1"],
+    ]
+    assert expand_grid(["search.max_nodes=range(4,12,4)"]) == [["search.max_nodes=4"], ["search.max_nodes=8"]]
+    assert expand_grid([]) == [[]]
+
+
+def test_a_sweep_with_a_bad_point_submits_nothing():
+    from flows.deploy import submit_grid
+
+    # fails while composing, before any Prefect call (no server here)
+    with pytest.raises(ConfigError, match="Available options in 'agents'"):
+        submit_grid(["agents=tiny_cpu,nope"])
+
+
+# ---------------------------------------------------------------- stages on pools
+
+def _stage_names() -> list[str]:
+    from tasks.stages import ALL
+
+    return list(ALL)
+
+
+def _argument(hint, cfg, ctx: StageContext, rec: StageRecord):
+    """A realistic value of a stage parameter's type (configs from the composed default run config)."""
+    import dataclasses
+    import typing
+
+    from mars2.config import AgentConfig
+
+    members = cfg.agents.members
+    table = {StageContext: ctx, StageRecord: rec, AgentConfig: members[1], int: 1, str: "d" * 64, int | None: None,
+             list[AgentConfig]: members, dict[str, StageRecord]: {m.name: rec for m in members},
+             dict[str, typing.Any]: cfg.deepspeed, dict[str, str]: {m.name: f"/ckpt/{m.name}" for m in members},
+             dict[str, dict[str, str]]: {m.name: {"model.safetensors": "e" * 64} for m in members}}
+    if hint in table:
+        return table[hint]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if type(value) is hint:
+            return value
+    raise AssertionError(f"no test value for a stage parameter of type {hint}")
+
+
+def _stage_call(name: str) -> dict:
+    import typing
+
+    from tasks.stages import ALL
+
+    cfg = compose_run(SMALL, cuda_available=False)
+    ctx = StageContext(root="/runs/x", flow_run_id="f-1", fail_at=None)
+    rec = StageRecord(stage="update", key="ab" * 32, dir="/runs/x/artifacts/update/abab", files={"model/a": "h1"},
+                      metrics={"loss": 0.25, "n": 3.0}, meta={"model_dirs": {"qwen_tiny": "model"}, "l": [1, 2.5, None]},
+                      flow_run_id="f-0", seconds=1.5)
+    hints = typing.get_type_hints(ALL[name].fn)
+    return {p: _argument(hints[p], cfg, ctx, rec) for p in hints if p != "return"}
+
+
+@pytest.mark.parametrize("name", _stage_names())
+def test_stage_arguments_reach_a_worker_with_the_same_cache_key(name):
+    """A dispatched stage is rebuilt on the worker from JSON: same typed values, same cache key."""
+    from tasks.stages import ALL, decode_args, encode_args
+
+    task = ALL[name]
+    arguments = _stage_call(name)
+    sent = json.loads(json.dumps(encode_args(arguments)))  # what Prefect stores and hands the worker
+    received = decode_args(task, sent)
+    assert received == arguments
+    assert {k: type(v) for k, v in received.items()} == {k: type(v) for k, v in arguments.items()}
+    modules = ("tasks.stages",)
+    assert stage_digest(task.name, modules, received) == stage_digest(task.name, modules, arguments)
+
+
+def test_stages_are_placed_by_their_pools(tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.stages import ALL, LocalStage, PoolStage, bound
+
+    local = bound(tmp_path, OrchestrationConfig())
+    assert all(isinstance(s, LocalStage) for s in vars(local).values())
+    orchestration = compose_run(["orchestration=pools"], cuda_available=False).orchestration
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        pools = bound(tmp_path, orchestration)
+    placed = {ALL[name].name: (s.pool if isinstance(s, PoolStage) else "in-flow") for name, s in vars(pools).items()}
+    assert {k: placed[k] for k in ("data", "agents", "grading", "advantage")} == dict.fromkeys(
+        ("data", "agents", "grading", "advantage"), "in-flow")
+    assert {k: placed[k] for k in ("rollout", "update", "evaluation")} == dict.fromkeys(
+        ("rollout", "update", "evaluation"), "gpu")
+    with temporary_settings({PREFECT_API_URL: None}), pytest.raises(ConfigError, match="PREFECT_API_URL"):
+        bound(tmp_path, orchestration)
+
+
+def test_local_submit_runs_now_and_returns_a_finished_future():
+    from tasks.stages import LocalStage
+
+    seen = []
+    future = LocalStage(lambda *a: seen.append(a) or "record").submit(1, 2)
+    assert seen == [(1, 2)] and future.done() and future.result() == "record"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["orchestration.mode=cloud"], "orchestration.mode='cloud' is unknown"),
+    (["+orchestration.pools.nope=gpu"], "unknown stage"),
+    (["orchestration.stage_timeout_s=0"], "stage_timeout_s"),
+])
+def test_bad_orchestration_gives_a_clear_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_run(overrides, cuda_available=False)
+
+
+def test_pools_mode_without_a_server_fails_fast_on_the_cli(tmp_path):
+    out = subprocess.run([sys.executable, "flows/train_cycle.py", "orchestration=pools"], cwd=ROOT, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "mars2: config error: orchestration=pools" in out.stderr and "PREFECT_API_URL" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "home" / "artifacts").exists()
+
+
+# ---------------------------------------------------------------- a real server and workers (slow)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Interrupt a process we started and its process group (a worker's flow-run children); kill if it lingers."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """prefect server (SQLite) + deployments + process workers on pools cpu and gpu; stopped afterwards."""
+    tmp = tmp_path_factory.mktemp("stack")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    base = _env(tmp, PREFECT_HOME=str(tmp / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
+    client_env = {**base, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def start(args, env, log):
+        procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=(tmp / log).open("w"), stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        return procs[-1]
+
+    try:
+        server = start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"], base,
+                       "server.log")
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp / "server.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "prefect server did not start in 120 s"
+            time.sleep(1)
+        reg = subprocess.run([sys.executable, "flows/deploy.py", "--pool", "cpu"], cwd=ROOT, env=client_env,
+                             capture_output=True, text=True, timeout=180)
+        assert reg.returncode == 0, reg.stdout + reg.stderr
+        for pool in ("cpu", "gpu"):
+            start(["prefect", "worker", "start", "--pool", pool, "--type", "process"], client_env, f"worker-{pool}.log")
+        yield dict(tmp=tmp, api=api, env=client_env, home=Path(base["MARS2_HOME"]), register=reg.stdout)
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def _sweep(stack, *args: str, timeout: int = 420) -> tuple[subprocess.CompletedProcess, list[str]]:
+    out = subprocess.run([sys.executable, "flows/deploy.py", "sweep", "--wait", "--timeout", str(timeout - 30), *args],
+                         cwd=ROOT, env=stack["env"], capture_output=True, text=True, timeout=timeout)
+    ids = [line.split()[2] for line in out.stdout.splitlines() if line.startswith("submitted ")]
+    return out, ids
+
+
+def _stage_table(stack, flow_run_id: str) -> pd.DataFrame:
+    with sqlite3.connect(stack["home"] / "mlflow.db") as db:
+        (run_id,) = db.execute("select run_uuid from tags where key = 'prefect.flow_run_id' and value = ?",
+                               (flow_run_id,)).fetchone()
+    return pd.read_parquet(stack["home"] / "runs" / f"{run_id}.parquet").set_index("stage")
+
+
+def _flow_runs(stack, flow_name: str) -> list[dict]:
+    r = httpx.post(f"{stack['api']}/flow_runs/filter", json={"flows": {"name": {"any_": [flow_name]}}}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def _logs(stack) -> str:
+    return "\n".join((stack["tmp"] / f).read_text()[-4000:] for f in ("worker-cpu.log", "worker-gpu.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_registration_makes_every_deployment(stack):
+    for name in ("train-cycle/cpu", "sweep/cpu", "stage/cpu", "stage/gpu"):
+        assert f"deployment {name} " in stack["register"]
+
+
+def _run_deployment(stack, name: str, parameters: dict, timeout: int = 300) -> dict:
+    """``run_deployment`` from a client process pointed at the test server; waits for the run's final state."""
+    submit = (
+        "import json\n"
+        "from prefect.deployments import run_deployment\n"
+        f"run = run_deployment({name!r}, parameters={parameters!r}, timeout={timeout}, poll_interval=2)\n"
+        "print('RUN=' + json.dumps({'state': run.state.name, 'id': str(run.id)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", submit], cwd=ROOT, env=stack["env"], capture_output=True, text=True,
+                         timeout=timeout + 60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.split("RUN=")[1])
+
+
+def _wait_final(stack, flow_name: str, select, n: int, timeout_s: float = 400) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = [r for r in _flow_runs(stack, flow_name) if select(r)]
+        if len(runs) == n and all(r["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for r in runs):
+            return runs
+        assert time.monotonic() < deadline, [(r["name"], r["state_type"]) for r in runs]
+        time.sleep(2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_default_flow_runs_from_its_deployment_submitted_by_the_sweep_deployment(stack):
+    """What a person does in the UI: run ``sweep/cpu`` with a grid; it starts ``train-cycle/cpu`` runs on the cpu
+    pool's process worker (here a one-point grid: the default flow, made small)."""
+    sweep = _run_deployment(stack, "sweep/cpu", {"grid": SMALL})
+    assert sweep["state"] == "Completed", _logs(stack)
+    (run,) = _wait_final(stack, "train-cycle", lambda r: r["parent_task_run_id"], 1)  # the sweep run's child
+    assert run["state_type"] == "COMPLETED", _logs(stack)
+    assert run["parameters"] == {"overrides": SMALL} and run["work_pool_name"] == "cpu"
+    table = _stage_table(stack, run["id"])
+    assert set(table.index) == {"data", "agents", "rollout", "grading", "advantage", "update/qwen_tiny",
+                                "update/llama_tiny", "eval"}
+    assert (table["status"] == "ran").all()
+    stack["local_keys"] = table["key"].to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_pools_mode_runs_gpu_stages_on_the_gpu_pool_and_updates_concurrently(stack):
+    """``flows/deploy.py sweep --wait`` from the command line, with ``orchestration=pools``: rollout, both agents'
+    updates (at the same time) and evaluation run as ``stage`` flow runs on the gpu pool's worker."""
+    if "local_keys" not in stack:
+        pytest.skip("needs the default run")
+    out, ids = _sweep(stack, *SMALL, "orchestration=pools", "train.seed=1")
+    assert out.returncode == 0 and ": Completed" in out.stdout, out.stdout + out.stderr + _logs(stack)
+    table = _stage_table(stack, ids[0])
+    # the same cache keys in both modes: data, agents, rollout, grading (no train.* in their keys) came back from
+    # cache, the rollout through a gpu worker; train.seed=1 gives new advantages, updates and evaluation
+    assert table.loc[["data", "agents", "rollout", "grading"], "status"].eq("cached").all()
+    assert table.loc["rollout", "key"] == stack["local_keys"]["rollout"]
+    assert table.loc[["advantage", "update/qwen_tiny", "update/llama_tiny", "eval"], "status"].eq("ran").all()
+    stages = {r["name"]: r for r in _flow_runs(stack, "stage")}
+    assert set(stages) == {"rollout-c0", "update-qwen_tiny-c0", "update-llama_tiny-c0", "evaluation-c0"}
+    assert all(r["state_type"] == "COMPLETED" and r["parent_task_run_id"] for r in stages.values())
+    assert all(r["work_pool_name"] == "gpu" for r in stages.values())
+    a, b = (stages[n] for n in ("update-qwen_tiny-c0", "update-llama_tiny-c0"))
+    start_a, end_a, start_b, end_b = (datetime.fromisoformat(x) for x in
+                                      (a["start_time"], a["end_time"], b["start_time"], b["end_time"]))
+    assert start_a < end_b and start_b < end_a, "the two agents' updates did not overlap"
+    assert len(list((stack["home"] / "dispatch").glob("*.json"))) == 4
