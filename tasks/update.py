@@ -51,7 +51,8 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                            tis_veto=train.tis_veto, kl_coef=train.kl_coef, micro_batch=train.micro_batch, lr=opt.lr,
                            min_lr=opt.min_lr, betas=tuple(opt.betas), weight_decay=opt.weight_decay,
                            warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, total_steps=train.total_steps,
-                           dtype=member.dtype, seed=train.seed + cycle)
+                           dtype=member.dtype, seed=train.seed + cycle,
+                           step_batch=train.step_batch)
         pad_id = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True).pad_token_id
         metrics = update_agent(
             model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),

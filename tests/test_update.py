@@ -58,3 +58,39 @@ def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_
     assert m2["update_step"] == 2  # optimizer/scheduler state came back from the DeepSpeed checkpoint
     assert m2["kl"] > 0  # the policy has moved away from its frozen reference
     assert json.loads((tmp_path / "c1" / "model" / "config.json").read_text())["model_type"] == "qwen2"
+
+
+def test_step_batches_split_evenly_and_never_empty():
+    from mars2.train.engine import step_batches
+
+    assert step_batches(10, None, 4, 0) == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]]  # one step, in order
+    steps = step_batches(10, 4, 4, 0)
+    assert len(steps) == 2 and all(len(s) == len(steps[0]) for s in steps)  # same accumulation count per step
+    flat = sorted(i for s in steps for m in s for i in m)
+    assert flat == list(range(10)) and all(m for s in steps for m in s)
+    assert step_batches(10, 4, 4, 0) == steps and step_batches(10, 4, 4, 1) != steps  # seeded order
+    odd = step_batches(5, 2, 1, 0)
+    assert len(odd) == 2 and all(m for s in odd for m in s)
+    few = step_batches(3, 8, 8, 0)  # fewer samples than step_batch: one step on all of them
+    assert len(few) == 1 and sorted(few[0][0]) == [0, 1, 2]
+    with pytest.raises(ValueError):
+        step_batches(0, None, 4, 0)
+
+
+def test_several_optimizer_steps_per_update(tiny_model_dir, tiny_tokenizer, tmp_path):
+    tok = tiny_tokenizer
+    good = tok("print(sum(map(int, input().split())))")["input_ids"]
+    bad = tok("while True: pass")["input_ids"]
+    prompt = tok("<|user|>\nadd<|end|>\n<|assistant|>\n")["input_ids"]
+    lp = _logp_of(str(tiny_model_dir), [Sample(prompt, good, [0.0] * len(good), 0.0),
+                                        Sample(prompt, bad, [0.0] * len(bad), 0.0)], tok.pad_token_id)
+    samples = [Sample(prompt, good, [float(lp[0])] * len(good), 1.0),
+               Sample(prompt, bad, [float(lp[1])] * len(bad), -1.0)] * 4
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10, step_batch=2)
+    m = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
+                     samples=samples, out_dir=tmp_path / "u", profile={"zero_optimization": {"stage": 0}}, hp=hp,
+                     pad_id=tok.pad_token_id)
+    assert m["optimizer_steps"] == 4 and m["update_step"] == 4
+    assert m["clip_frac"] > 0  # later steps see ratios away from 1: π_old is the policy before the first step
+    after = _logp_of(str(tmp_path / "u" / "model"), samples[:2], tok.pad_token_id)
+    assert after[0] > lp[0] and after[1] < lp[1]

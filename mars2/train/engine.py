@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from mars2.rl.losses import grpo_loss, gspo_loss
@@ -50,6 +51,7 @@ class UpdateHParams:
     total_steps: int = 100
     dtype: str = "float32"
     seed: int = 0
+    step_batch: int | None = None  # samples per optimizer step; None = one step on all samples
 
 
 def init_single_process_distributed() -> None:
@@ -137,8 +139,13 @@ def _load_model(path: str, dtype: str, device: str):
 def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None, samples: list[Sample],
                  out_dir: str | Path, profile: dict[str, Any], hp: UpdateHParams, pad_id: int,
                  device: str = "cpu") -> dict[str, float]:
-    """One optimizer step of one agent on its routed samples; writes ``out_dir/model`` (HF safetensors)
-    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer + scheduler state). Returns metrics."""
+    """Optimizer step(s) of one agent on its routed samples; writes ``out_dir/model`` (HF safetensors)
+    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer + scheduler state). Returns metrics.
+
+    ``hp.step_batch=None``: one step on all samples (π_old = the policy before the step). Otherwise the samples,
+    in a seeded order, form ⌊n/step_batch⌋ near-equal batches and each takes one step; π_old is the policy
+    before the first step for all of them (PPO-style), so later steps' ratios see how far the policy moved.
+    """
     import deepspeed
 
     init_single_process_distributed()
@@ -148,12 +155,13 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     if profile.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()
     ref = _load_model(ref_model_dir, hp.dtype, device).eval().requires_grad_(False)
-    micro = [samples[i : i + hp.micro_batch] for i in range(0, len(samples), hp.micro_batch)]
+    steps = step_batches(len(samples), hp.step_batch, hp.micro_batch, hp.seed)
+    n_micro = len(steps[0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, total_steps=hp.total_steps, warmup_ratio=hp.warmup_ratio,
                                               lr=hp.lr, min_lr=hp.min_lr) / hp.lr)
-    ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=len(micro), grad_clip=hp.grad_clip)
+    ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=n_micro, grad_clip=hp.grad_clip)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
     step = 0
     if prev_ds_dir is not None:
@@ -163,37 +171,68 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             torch.set_rng_state(client["torch_rng"])
     engine.train()
     start = time.perf_counter()
+    chunks = [[samples[i] for i in idx] for micro in steps for idx in micro]
+    old_logps = None
+    if len(steps) > 1:
+        with torch.no_grad():
+            old_logps = [token_logprobs(engine, b["input_ids"], b["attention_mask"])
+                         for b in (pack_batch(c, pad_id, engine.device) for c in chunks)]
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "tis_vetoed": 0.0}
     grad_norm = None
-    for i, chunk in enumerate(micro):
-        batch = pack_batch(chunk, pad_id, engine.device)
-        logp = token_logprobs(engine, batch["input_ids"], batch["attention_mask"])
-        with torch.no_grad():
-            ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"])
-        old_logp = logp.detach()  # one step per rollout: π_old is the policy before this step
-        if hp.loss == "gspo":
-            out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logp, batch["advantages"], batch["mask"],
-                            clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold, tis_veto=hp.tis_veto,
-                            kl_coef=hp.kl_coef)
-        else:
-            out = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
-                            kl_coef=hp.kl_coef)
-        # DeepSpeed averages micro-batch losses; weight by size so the loss is a mean over all samples
-        engine.backward(out.loss * (len(chunk) * len(micro) / len(samples)))
-        if i == len(micro) - 1:
-            grad_norm = _grad_norm(engine)
-        engine.step()
-        for k in totals:
-            totals[k] += float(out.loss.item() if k == "loss" else getattr(out, k)) / len(micro)
+    k = 0
+    for micro in steps:
+        size = sum(len(idx) for idx in micro)
+        for i, idx in enumerate(micro):
+            chunk = chunks[k]
+            batch = pack_batch(chunk, pad_id, engine.device)
+            logp = token_logprobs(engine, batch["input_ids"], batch["attention_mask"])
+            with torch.no_grad():
+                ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"])
+            old_logp = logp.detach() if old_logps is None else old_logps[k]
+            if hp.loss == "gspo":
+                out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logp, batch["advantages"], batch["mask"],
+                                clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold, tis_veto=hp.tis_veto,
+                                kl_coef=hp.kl_coef)
+            else:
+                out = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
+                                kl_coef=hp.kl_coef)
+            # DeepSpeed averages micro-batch losses; weight by size so the loss is a mean over the step's samples
+            engine.backward(out.loss * (len(chunk) * n_micro / size))
+            if i == n_micro - 1:
+                grad_norm = _grad_norm(engine)
+            engine.step()
+            for key in totals:
+                totals[key] += float(out.loss.item() if key == "loss" else getattr(out, key)) / len(chunks)
+            k += 1
     seconds = time.perf_counter() - start
     lr = scheduler.get_last_lr()[0]
     engine.save_checkpoint(str(out_dir / "ds"), tag="ckpt",
-                           client_state={"update_step": step + 1, "torch_rng": torch.get_rng_state()})
+                           client_state={"update_step": step + len(steps), "torch_rng": torch.get_rng_state()})
     _save_hf(engine, out_dir / "model", profile)
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
-    return {**totals, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + 1),
+    return {**totals, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
+            "optimizer_steps": float(len(steps)),
             "tokens_per_s": tokens / max(seconds, 1e-9), "step_seconds": seconds}
+
+
+def step_batches(n: int, step_batch: int | None, micro_batch: int, seed: int) -> list[list[list[int]]]:
+    """Sample indices per optimizer step, per micro-batch: every step has the same number of micro-batches
+    (DeepSpeed's gradient-accumulation count is fixed per engine).
+
+    ``step_batch=None`` → one step over ``range(n)`` in order; else ⌊n/step_batch⌋ (≥ 1) near-equal steps over a
+    seeded permutation of ``range(n)``.
+    """
+    if n < 1:
+        raise ValueError("update needs at least one sample")
+    if step_batch is None:
+        return [[list(range(i, min(i + micro_batch, n))) for i in range(0, n, micro_batch)]]
+    order = [int(i) for i in np.random.default_rng(seed).permutation(n)]
+    n_steps = max(1, n // step_batch)
+    groups = [order[i * n // n_steps : (i + 1) * n // n_steps] for i in range(n_steps)]
+    # same count in every step, never an empty micro-batch (groups differ in size by at most one)
+    n_micro = min(math.ceil(max(len(g) for g in groups) / micro_batch), min(len(g) for g in groups))
+    return [[g[j * len(g) // n_micro : (j + 1) * len(g) // n_micro] for j in range(n_micro)] for g in groups]
 
 
 def _grad_norm(engine) -> float | None:

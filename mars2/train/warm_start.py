@@ -1,0 +1,125 @@
+"""Supervised warm-start ("bootstrap") of a tiny agent on reference solutions of the training split.
+
+Random tiny models never pass a test, so every reward — and every advantage — would be zero. A brief
+supervised fine-tune on reference programs gives each agent a prior that passes some problems but far from
+all, so the RL loop has a signal to learn from. Agents differ in data mix (a seeded share of the training
+problems), seed and architecture, so their priors differ the way real heterogeneous models' do.
+
+The loss is next-token cross-entropy on the response tokens only (the prompt is context):
+
+    L = − Σ_i Σ_{t ∈ response_i} log π(y_t | x_i, y_<t) / Σ_i |response_i|
+
+Plain torch AdamW with linear warmup and cosine decay: the warm-start is a one-off on a CPU-sized model;
+the RL updates that follow go through the agent's DeepSpeed engine (:mod:`mars2.train.engine`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mars2.data.schema import Problem
+
+
+@dataclass(frozen=True)
+class WarmStartExample:
+    """One (prompt, reference answer) pair as token ids; the answer ends with EOS."""
+
+    problem_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def reference_answer(solution: str) -> str:
+    """The answer format the prompts ask for: one fenced Python block."""
+    return "```python\n" + solution.strip("\n") + "\n```"
+
+
+def warm_start_mix(problem_ids: Sequence[str], fraction: float, seed: int) -> list[str]:
+    """The agent's data mix: a seeded ``fraction`` of the training problems (at least one), in input order."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"bootstrap data_fraction must be in (0, 1], got {fraction}")
+    ids = list(problem_ids)
+    k = max(1, round(fraction * len(ids)))
+    keep = set(random.Random(seed).sample(ids, k))
+    return [i for i in ids if i in keep]
+
+
+def warm_start_examples(problems: Sequence[Problem], references: Mapping[str, str], tokenizer,
+                        prompt_of: Callable[[Problem], str]) -> list[WarmStartExample]:
+    """Tokenised examples for the problems that have a reference solution.
+
+    ``prompt_of(problem)`` returns the full chat-formatted prompt text the agent sees at rollout time, so the
+    warm-start trains exactly the input distribution the search will use.
+    """
+    out = []
+    for p in problems:
+        if p.id not in references:
+            continue
+        prompt_ids = tokenizer(prompt_of(p), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(reference_answer(references[p.id]), add_special_tokens=False)["input_ids"]
+        out.append(WarmStartExample(p.id, prompt_ids, answer + [tokenizer.eos_token_id]))
+    if not out:
+        raise ValueError("bootstrap: none of the training problems has a reference solution")
+    return out
+
+
+def pack_sft_batch(examples: Sequence[WarmStartExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` (B, T) and ``labels`` (B, T) = −100 outside responses."""
+    width = max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, e in enumerate(examples):
+        seq = e.prompt_ids + e.response_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, len(e.prompt_ids) : len(seq)] = torch.tensor(e.response_ids)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def warm_start_lr(step: int, *, steps: int, lr: float, warmup_ratio: float, min_lr_ratio: float = 0.1) -> float:
+    """Linear warmup over ⌈warmup_ratio·steps⌉ steps, then cosine from ``lr`` to ``min_lr_ratio·lr``."""
+    warm = max(1, math.ceil(warmup_ratio * steps))
+    if step < warm:
+        return lr * (step + 1) / warm
+    progress = (step - warm) / max(1, steps - warm)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def supervised_warm_start(model, examples: Sequence[WarmStartExample], *, pad_id: int, steps: int, lr: float,
+                          batch_size: int, seed: int, warmup_ratio: float = 0.05, grad_clip: float = 1.0,
+                          progress: Callable[[int, float], None] | None = None) -> dict[str, float]:
+    """``steps`` AdamW steps on random batches of ``examples`` (in place); returns loss/timing figures."""
+    if steps < 1:
+        raise ValueError(f"bootstrap steps must be >= 1, got {steps}")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    first = last = float("nan")
+    tokens = 0
+    t0 = time.perf_counter()
+    for step in range(steps):
+        batch = pack_sft_batch(rng.sample(list(examples), min(batch_size, len(examples))), pad_id)
+        for group in opt.param_groups:
+            group["lr"] = warm_start_lr(step, steps=steps, lr=lr, warmup_ratio=warmup_ratio)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        tokens += int((batch["labels"] != -100).sum())
+        last = float(loss.detach())
+        first = last if step == 0 else first
+        if progress is not None:
+            progress(step + 1, last)
+    model.eval()
+    seconds = time.perf_counter() - t0
+    return {"loss_first": first, "loss_last": last, "steps": steps, "n_examples": len(examples),
+            "response_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}

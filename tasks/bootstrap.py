@@ -1,0 +1,92 @@
+"""Stage 1b — bootstrap: supervised warm-start of the tiny agents on the training split's reference solutions.
+
+Its record has the shape of an ``agents`` record (``meta.model_dirs``/``tokenizer_dirs`` per weight owner), so
+the flow uses it in place of ``agents`` downstream: the warm weights are what cycle 0 rolls out with and what
+the KL term's reference model is. Owners without ``bootstrap.steps`` point at their ``agents`` folders unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from mars2.config import AgentConfig
+from mars2.io import atomic_write_json
+from tasks._agents import model_dir, tokenizer_dir
+from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+
+STAGE = "bootstrap"
+MODULES = ("mars2.train", "mars2.search", "mars2.models", "mars2.data", "mars2.io", "tasks.bootstrap", "tasks._agents")
+
+
+def needs_bootstrap(members: list[AgentConfig]) -> bool:
+    return any(m.bootstrap.steps > 0 for m in members if m.shares_weights_with is None)
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
+def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord,
+                     dataset: StageRecord) -> StageRecord:
+    """Warm weights per weight owner with ``bootstrap.steps > 0`` (``meta.model_dirs`` point at them; the others
+    and every tokenizer point at the ``agents`` folders); metrics ``<owner>/loss_first|loss_last|...``.
+
+    Each owner's warm-start is its own content-addressed folder (``artifacts/bootstrap-agent/<key>/``), keyed by
+    the owner's config (incl. its role prompt), the hashes of its initial model and tokenizer files and the dataset's
+    files — not by the other agents of the preset, so arms that share an agent (single, homogeneous,
+    heterogeneous) and seeds that only change the RL share its warm-start.
+    """
+
+    def produce(out: Path) -> dict:
+        model_dirs = {o: model_dir(agents, o) for o in agents.meta["model_dirs"]}
+        tokenizer_dirs = {o: tokenizer_dir(agents, o) for o in agents.meta["tokenizer_dirs"]}
+        metrics: dict[str, float] = {}
+        for m in members:
+            if m.shares_weights_with is not None or m.bootstrap.steps == 0:
+                continue
+            roles = [m.role_prompt]  # the owner's own role: every preset sharing this agent shares its warm-start
+            init = {f: h for f, h in agents.files.items() if f.startswith(f"{m.name}/")}
+            record = run_stage(f"{STAGE}-agent", MODULES, ctx,
+                               {"member": m, "roles": roles, "init": init, "dataset": dataset},
+                               lambda folder, m=m, roles=roles: warm_start_owner(
+                                   folder, m, roles, model_dirs[m.name], tokenizer_dirs[m.name], dataset))
+            model_dirs[m.name] = str(Path(record.dir) / "model")
+            metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
+        atomic_write_json(out / "model_dirs.json", model_dirs)
+        return {"metrics": metrics, "meta": {"model_dirs": model_dirs, "tokenizer_dirs": tokenizer_dirs}}
+
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+
+
+def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
+                     dataset: StageRecord) -> dict:
+    """Fine-tune one owner's initial weights on its data mix; writes ``model/`` and ``mix.json`` into ``out``."""
+    from rich.progress import Progress
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mars2.data.tables import problems_from_frame
+    from mars2.search.prompts import chat_messages, generate_prompt
+    from mars2.train.warm_start import supervised_warm_start, warm_start_examples, warm_start_mix
+
+    if "reference_solutions.json" not in dataset.files:
+        raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm or humaneval); "
+                         "set agents.members.N.bootstrap.steps=0 for other data")
+    b = member.bootstrap
+    references = json.loads(dataset.path("reference_solutions.json").read_text())
+    train = problems_from_frame(pd.read_parquet(dataset.path("train.parquet")))
+    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    mix = set(warm_start_mix([p.id for p in train], b.data_fraction, b.seed))
+    problems = [p for p in train if p.id in mix]
+    role_of = {p.id: roles[i % len(roles)] for i, p in enumerate(problems)}
+    examples = warm_start_examples(problems, references, tok, lambda p: tok.apply_chat_template(
+        chat_messages(generate_prompt(p), role_of[p.id]), tokenize=False, add_generation_prompt=True))
+    model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
+    with Progress(transient=True) as bar:
+        job = bar.add_task(f"bootstrap {member.name}", total=b.steps)
+        stats = supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=b.steps, lr=b.lr,
+                                      batch_size=b.batch_size, seed=b.seed,
+                                      progress=lambda step, loss: bar.update(job, completed=step))
+    model.save_pretrained(out / "model", safe_serialization=True)
+    atomic_write_json(out / "mix.json", sorted(mix))
+    return {"metrics": stats}

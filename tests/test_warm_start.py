@@ -1,0 +1,79 @@
+"""Supervised warm-start (mars2.train.warm_start): data mix, packing, schedule, and that it fits its data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mars2.data.toy import toy_benchmark
+from mars2.data.lcb import load_problems
+from mars2.models.tiny import build_tiny_model, train_tokenizer
+from mars2.train.warm_start import (
+    WarmStartExample,
+    pack_sft_batch,
+    reference_answer,
+    supervised_warm_start,
+    warm_start_examples,
+    warm_start_lr,
+    warm_start_mix,
+)
+
+
+def test_mix_is_a_seeded_share_in_input_order():
+    ids = [f"p{i}" for i in range(20)]
+    a = warm_start_mix(ids, 0.5, seed=0)
+    assert len(a) == 10 and a == [i for i in ids if i in set(a)]
+    assert warm_start_mix(ids, 0.5, seed=0) == a
+    assert warm_start_mix(ids, 0.5, seed=1) != a
+    assert warm_start_mix(ids, 1.0, seed=3) == ids
+    assert warm_start_mix(ids, 0.01, seed=0) and len(warm_start_mix(ids, 0.01, seed=0)) == 1
+    with pytest.raises(ValueError, match="data_fraction"):
+        warm_start_mix(ids, 0.0, seed=0)
+
+
+def test_pack_labels_only_the_response():
+    ex = [WarmStartExample("a", [5, 6, 7], [8, 9]), WarmStartExample("b", [5], [4, 3, 2])]
+    b = pack_sft_batch(ex, pad_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 4, 3, 2, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert b["labels"].tolist() == [[-100, -100, -100, 8, 9], [-100, 4, 3, 2, -100]]
+
+
+def test_lr_warms_up_then_decays_to_a_tenth():
+    lrs = [warm_start_lr(s, steps=100, lr=1.0, warmup_ratio=0.05) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.2) and lrs[4] == pytest.approx(1.0)
+    assert lrs[5] == pytest.approx(1.0) and all(a >= b for a, b in zip(lrs[5:], lrs[6:]))
+    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))
+
+
+def test_warm_start_fits_reference_solutions():
+    rows = toy_benchmark(8, seed=0)
+    problems, rejected = load_problems(rows, source="toy")
+    assert not rejected
+    from mars2.data.toy import toy_reference_solutions
+
+    refs = toy_reference_solutions(8, 0)
+    tok = train_tokenizer([p.statement for p in problems] + list(refs.values()), 512)
+    examples = warm_start_examples(problems[:4], refs, tok, lambda p: p.statement[:200])
+    assert [e.problem_id for e in examples] == [p.id for p in problems[:4]]
+    assert examples[0].response_ids[-1] == tok.eos_token_id
+    assert tok.decode(examples[0].response_ids[:-1]) == reference_answer(refs[problems[0].id])
+    model = build_tiny_model("qwen2", vocab_size=len(tok), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                             intermediate_size=64, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=40, lr=1e-2, batch_size=4, seed=0)
+    assert stats["loss_last"] < 0.5 * stats["loss_first"]
+    assert stats["n_examples"] == 4 and stats["response_tokens"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not model.training
+
+
+def test_no_reference_solutions_is_a_clear_error():
+    problems, _ = load_problems(toy_benchmark(2, seed=0), source="toy")
+    with pytest.raises(ValueError, match="reference solution"):
+        warm_start_examples(problems, {}, None, str)
+    with pytest.raises(ValueError, match="steps"):
+        supervised_warm_start(None, [], pad_id=0, steps=0, lr=1.0, batch_size=1, seed=0)
