@@ -1,52 +1,115 @@
-"""Stage 6 — evaluation: greedy Pass@1 of every agent on the held-out split, graded on hidden tests."""
+"""Stage 6 — evaluation: every agent alone and the team on the held-out split, graded on hidden tests.
+
+Two kinds of evidence (docs/eval.md):
+
+* i.i.d. samples: ``eval.n_samples`` per agent per problem (greedy by default) → Pass@1, pass@k;
+* evaluation trees: the team's shared AB-MCTS-A tree (and, with ``eval.per_agent_trees``, one per agent alone)
+  of ``eval.max_nodes`` nodes, built with and/or without T+ (``eval.tplus``) → Pass@1(MCTS), Pass@N.
+
+The search sees only public tests; every program is then graded once on the hidden tests (identical programs
+of one problem share a verdict). A problem without hidden tests is graded on its public tests and counted in
+``graded_on_public_tests`` (the offline LCB v5 copy: its numbers are *public-test* numbers, not LCB scores).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 from prefect import task
 
-from mars2.config import AgentConfig, EvalConfig, GradingConfig
+from mars2.config import AgentConfig, EvalConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
-from mars2.io import write_parquet
+from mars2.io import atomic_write_json, write_parquet
 from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.grading import grade_rows
 
 STAGE = "evaluation"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.data", "mars2.io",
            "tasks.evaluation", "tasks.grading", "tasks.rollout", "tasks._agents")
+TEAM = "team"
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")
-def evaluate(ctx: StageContext, evaluation: EvalConfig, grading: GradingConfig, members: list[AgentConfig],
-             weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord, cycle: int,
-             max_problems: int | None) -> StageRecord:
-    """``results.parquet`` (problem × agent × sample verdicts) and Pass@1 per agent plus the team's Pass@N."""
+def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
+             members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
+             cycle: int, max_problems: int | None) -> StageRecord:
+    """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
+    ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
+    metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …)."""
 
     def produce(out: Path) -> dict:
-        from mars2.backends import SamplingParams
-        from mars2.eval import mean_pass_at_k
-        from mars2.search.sampling import run_independent_sampling
-        from tasks.rollout import agent_runners, public_grader
+        from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
 
         held_out = pd.read_parquet(dataset.path("eval.parquet"))
         ids = cycle_subset(held_out["id"].tolist(), 0, max_problems)
-        problems = problems_from_frame(held_out.set_index("id").loc[ids].reset_index())
-        runners = agent_runners(members, weights, agents, batch_size=32)
-        params = SamplingParams(temperature=evaluation.temperature, max_new_tokens=evaluation.max_new_tokens, seed=0)
-        samples = pd.DataFrame(run_independent_sampling(problems, runners, n_samples=evaluation.n_samples,
-                                                        sampling=params, grade=public_grader(grading)))
-        results = grade_rows(samples[["problem_id", "node_id", "agent", "code"]], dataset, "eval.parquet", grading)
-        results.attrs.clear()
-        write_parquet(out / "results.parquet", results)
-        metrics = {}
-        for agent, g in results.groupby("agent"):
-            counts = [(len(x), int(x["reward"].sum())) for _, x in g.groupby("problem_id")]
-            metrics[f"{agent}/pass_at_1"] = mean_pass_at_k(counts, 1)
-        solved = results.groupby("problem_id")["reward"].max()
-        metrics["team/pass_at_n"] = float(solved.mean())
-        metrics["n_problems"] = len(problems)
+        frame = held_out.set_index("id").loc[ids].reset_index()
+        problems = problems_from_frame(frame)
+        labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
+        samples, trees = generate(problems, evaluation, search, grading, members, weights, agents, cycle)
+        graded = grade_unique(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
+                                        ignore_index=True), dataset, grading)
+        public_only = sum(not p.hidden_tests for p in problems)
+        graded = graded.merge(labels, on="problem_id", how="left")
+        samples = graded[graded["kind"] == "samples"].drop(columns=["kind", "who", "tplus", "score"], errors="ignore")
+        trees = graded[graded["kind"] == "tree"].drop(columns=["kind"])
+        results = per_problem_results(samples, trees, evaluation.ks)
+        metrics = evaluation_metrics(results, trees, ks=evaluation.ks, diversity_k=evaluation.diversity_k)
+        metrics["graded_on_public_tests"] = public_only
+        for name, table in (("samples", samples), ("eval_trees", trees), ("results", results)):
+            table = table.reset_index(drop=True)
+            table.attrs.clear()
+            write_parquet(out / f"{name}.parquet", table)
+        atomic_write_json(out / "summary.json", {
+            "cycle": cycle, "n_problems": len(problems), "graded_on_public_tests": public_only,
+            "hidden_tests": "public tests stand in" if public_only else "hidden",
+            "headline": headline(metrics).reset_index().to_dict(orient="records"), "metrics": metrics})
+        plot_difficulty(results, out / "by_difficulty.png")
         return {"metrics": metrics}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+
+
+def generate(problems, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
+             members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
+             cycle: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The i.i.d. samples and the evaluation trees (public scores only; hidden grading comes after)."""
+    from mars2.backends import SamplingParams
+    from mars2.search.sampling import run_independent_sampling
+    from tasks.rollout import agent_runners, public_grader, search_problems
+
+    runners = agent_runners(members, weights, agents, batch_size=search.batch_size)
+    grade = public_grader(grading)
+    params = SamplingParams(temperature=evaluation.temperature, max_new_tokens=evaluation.max_new_tokens,
+                            seed=evaluation.seed)
+    samples = pd.DataFrame(run_independent_sampling(problems, runners, n_samples=evaluation.n_samples,
+                                                    sampling=params, grade=grade))
+    trees = []
+    if evaluation.tree:
+        groups = {TEAM: runners}
+        if evaluation.per_agent_trees and len(runners) > 1:
+            groups |= {name: {name: r} for name, r in runners.items()}
+        for tplus in evaluation.tplus:
+            tree_search = dataclasses.replace(search, strategy="ab_mcts", max_nodes=evaluation.max_nodes,
+                                              detailed_feedback=tplus, depth_decay=tplus,
+                                              temperature=evaluation.tree_temperature)
+            sampling = SamplingParams(temperature=evaluation.tree_temperature, top_p=search.top_p,
+                                      max_new_tokens=evaluation.max_new_tokens, seed=evaluation.seed + 1)
+            for who, group in groups.items():
+                nodes = pd.DataFrame(search_problems(problems, group, tree_search, sampling, grade))
+                trees.append(nodes.assign(who=who, tplus=tplus))
+    keep = ["problem_id", "node_id", "parent", "depth", "agent", "action", "code", "score", "public_status",
+            "response_len", "who", "tplus"]
+    trees_table = pd.concat(trees, ignore_index=True)[keep] if trees else pd.DataFrame(columns=keep)
+    samples_table = samples[["problem_id", "node_id", "agent", "code", "score", "public_status", "response_len"]]
+    return samples_table, trees_table
+
+
+def grade_unique(rows: pd.DataFrame, dataset: StageRecord, grading: GradingConfig) -> pd.DataFrame:
+    """Hidden-test verdicts for ``rows`` (``problem_id``, ``code``, …): each distinct (problem, program) runs once."""
+    keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
+    unique = keys.assign(node_id=range(len(keys)), agent="")
+    verdicts = grade_rows(unique, dataset, "eval.parquet", grading)
+    verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
+    return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")

@@ -46,9 +46,11 @@ def grade_rows(rows: pd.DataFrame, dataset: StageRecord, split: str, grading: Gr
     from mars2.sandbox import GradeJob, grade_many
 
     problems = {p.id: p for p in problems_from_frame(pd.read_parquet(dataset.path(split)))}
+    # a node without code reads back from Parquet as NaN (pandas' string dtype), not None
+    codes = [c if isinstance(c, str) else None for c in rows["code"]]
     jobs = [
         GradeJob(*gradable(code, problems[pid].hidden_tests or problems[pid].public_tests, problems[pid].func_name))
-        for pid, code in zip(rows["problem_id"], rows["code"], strict=True)
+        for pid, code in zip(rows["problem_id"], codes, strict=True)
     ]
     verdicts = grade_many(jobs, workers=grading.workers or None, time_limit_s=grading.time_limit_s,
                           memory_mb=grading.memory_mb, progress=True, isolation=grading.isolation,

@@ -14,7 +14,8 @@ from typing import Any
 from mars2.config import RunConfig
 from tasks._stage import StageRecord
 
-ARTEFACTS_TO_LOG = ("verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json", "trees.png")
+ARTEFACTS_TO_LOG = ("verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json", "trees.png",
+                    "samples.parquet", "eval_trees.parquet", "by_difficulty.png")
 
 
 def tracking_uri(cfg: RunConfig) -> str:
@@ -27,8 +28,18 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str) -> str:
-    """Create the MLflow run of this flow run; log the resolved config as flattened params and as YAML."""
+def client(cfg: RunConfig):
+    """An MLflow client on the run's tracking store."""
+    return _client(tracking_uri(cfg))
+
+
+def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str,
+              kind: str = "train", parent_run_id: str | None = None) -> str:
+    """Create the MLflow run of this flow run; log the resolved config as flattened params and as YAML.
+
+    Tags: ``mars2.kind`` (train | evaluate | study | compare), ``mars2.agents``, ``mars2.paradigm``, and
+    ``mlflow.parentRunId`` when the run belongs to a study (MLflow's UI nests it under the parent).
+    """
     from mlflow.entities import Param
 
     uri = tracking_uri(cfg)
@@ -39,8 +50,13 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
         exp_id = client.create_experiment(cfg.paths.experiment, artifact_location=location)
     else:
         exp_id = exp.experiment_id
-    run = client.create_run(exp_id, run_name=run_name, tags={
-        "prefect.flow_run_id": flow_run_id, "mars2.agents": cfg.agents.preset, "mars2.paradigm": cfg.agents.paradigm})
+    tags = {"prefect.flow_run_id": flow_run_id, "mars2.agents": cfg.agents.preset,
+            "mars2.paradigm": cfg.agents.paradigm, "mars2.kind": kind}
+    tags |= {f"mars2.{k}": str(v) for k, v in cfg.paths.tags.items()}
+    parent_run_id = parent_run_id or cfg.paths.parent_run
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(exp_id, run_name=run_name, tags=tags)
     params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items())]
     for i in range(0, len(params), 100):
         client.log_batch(run.info.run_id, params=params[i : i + 100])
@@ -94,3 +110,40 @@ def log_table(cfg: RunConfig, run_id: str, path: Path, artifact_path: str = "") 
 
 def end_run(cfg: RunConfig, run_id: str, status: str) -> None:
     _client(tracking_uri(cfg)).set_terminated(run_id, status=status)
+
+
+FINAL_WEIGHTS = "final_weights.json"
+
+
+def log_final_weights(cfg: RunConfig, run_id: str, model_dirs: dict[str, str]) -> None:
+    """The run's last weights per owner (absolute folders): what ``flows/evaluate.py eval.from_run=<id>`` loads."""
+    log_json(cfg, run_id, model_dirs, FINAL_WEIGHTS)
+
+
+def final_weights(cfg: RunConfig, run_id: str) -> dict[str, str]:
+    """``{owner: model folder}`` logged by a finished train-cycle run; a clear error for any other run."""
+    import json
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    from tasks.checkpoints import CheckpointError
+
+    client = _client(tracking_uri(cfg))
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        raise CheckpointError(f"eval.from_run={run_id}: no such MLflow run at {tracking_uri(cfg)}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, FINAL_WEIGHTS, tmp)
+        except (MlflowException, OSError):
+            raise CheckpointError(f"eval.from_run={run_id}: the run has no {FINAL_WEIGHTS} (only a train-cycle run "
+                                  "that finished logs its final weights)") from None
+        return json.loads(Path(path).read_text())
+
+
+def metric_history(cfg: RunConfig, run_id: str, name: str) -> list[tuple[int, float]]:
+    """``[(step, value), ...]`` of one metric of a run, by step (the cycle for stage metrics)."""
+    history = _client(tracking_uri(cfg)).get_metric_history(run_id, name)
+    return sorted((int(m.step), float(m.value)) for m in history)

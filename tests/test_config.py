@@ -12,7 +12,8 @@ from tasks.config import CONF_DIR, load_cfg, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (CONF_DIR / "agents").glob("*.yaml"))
-GPU_PRESETS = [p for p in PRESETS if not p.startswith("tiny_cpu")]
+CPU_PRESETS = [p for p in PRESETS if p.startswith("tiny_cpu") or p.endswith("_cpu")]
+GPU_PRESETS = [p for p in PRESETS if p not in CPU_PRESETS]
 
 
 def test_presets_named_by_the_issue_exist():

@@ -1,0 +1,95 @@
+"""Evaluate agents on a held-out set: Pass@1, Pass@1(MCTS), Pass@N per agent and for the team, with and without T+.
+
+    python flows/evaluate.py                                     # base tiny agents on the toy benchmark
+    python flows/evaluate.py data=humaneval                      # ... on HumanEval
+    python flows/evaluate.py data=lcb_v5_public                  # LCB v5 public tests (stand in for hidden ones)
+    python flows/evaluate.py eval.from_run=<mlflow run id>       # the final weights of a train-cycle run
+    python flows/evaluate.py +eval.checkpoints.qwen_tiny=/path/to/model  # any model folder, per weight owner
+    python flows/evaluate.py agents=tiny_cpu_warm data=toy_warm  # warm-started agents (bootstrap stage)
+
+Composes ``conf/evaluate.yaml`` (the train config with ``eval=full``) with the same overrides the train flow
+takes; the evaluation stage is the one a train cycle ends with (docs/eval.md), cached like every stage.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from prefect import flow
+from prefect.runtime import flow_run
+
+from mars2.config import ConfigError
+from tasks import tracking
+from tasks._agents import owner_of
+from tasks._stage import StageContext
+from tasks.bootstrap import needs_bootstrap
+from tasks.checkpoints import CheckpointError, checkpoint_hashes
+from tasks.config import CONF_DIR, load_cfg, resolve, to_container, to_yaml
+from tasks.data import source_hash
+from tasks.report import RunReport
+from tasks.stages import bound
+
+CONFIG_NAME = "evaluate"
+
+
+def compose_eval(overrides: list[str]):
+    return resolve(load_cfg(overrides, config_name=CONFIG_NAME))
+
+
+@flow(name="evaluate")
+def evaluate_agents(overrides: list[str] | None = None) -> dict:
+    """Evaluate the agents of ``overrides`` (Hydra overrides of ``conf/evaluate.yaml``); returns the run summary."""
+    cfg = compose_eval(overrides or [])
+    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id))
+    run_id = tracking.start_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
+                                run_name=f"eval-{cfg.agents.preset}-{flow_run.name}", kind="evaluate")
+    report = RunReport(cfg, ctx, run_id, title="mars2 evaluation")
+    stage = bound(cfg.paths.root)
+    members = cfg.agents.members
+    owners = [owner_of(m) for m in members if m.shares_weights_with is None]
+    metrics: dict[str, float] = {}
+    try:
+        checkpoints = dict(cfg.eval.checkpoints)
+        if cfg.eval.from_run:
+            checkpoints = tracking.final_weights(cfg, cfg.eval.from_run) | checkpoints
+        hashes = checkpoint_hashes(checkpoints, owners)
+        dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+        agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+        if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
+            agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+        weights = agents
+        if checkpoints:
+            weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+        result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, members,
+                                            {o: weights for o in owners}, agents, dataset, 0,
+                                            cfg.data.max_eval_problems), cycle=0, label="eval")
+        metrics = result.metrics
+    except BaseException:
+        report.finish("FAILED", metrics)
+        raise
+    return report.finish("FINISHED", metrics)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
+def main(_: DictConfig) -> None:
+    overrides = list(HydraConfig.get().overrides.task)
+    try:
+        compose_eval(overrides)
+    except ConfigError as e:
+        sys.exit(f"mars2: config error: {e}")
+    try:
+        evaluate_agents(overrides)
+    except CheckpointError as e:
+        sys.exit(f"mars2: checkpoint error: {e}")
+    except Exception as e:
+        sys.exit(f"mars2: the evaluation failed: {type(e).__name__}: {e}\n"
+                 "Fix the cause and run the same command again: finished stages come back from cache.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The study of issue #9: base / GRPO / single-agent / homogeneous / heterogeneous arms × seeds, one comparison.
+
+    python flows/study.py                 # default size: warm-started tiny agents, 2 seeds (≤ 60 min on 2 cores)
+    python flows/study.py study=smoke     # a few minutes
+    python flows/study.py study.seeds=[0,1,2]
+
+Every arm × seed is a ``train-cycle`` flow run (and the base arm an ``evaluate`` run) nested under one MLflow
+parent run; all arms see the same problems and the same number of programs per problem per cycle (checked
+before anything runs). Results: ``<out_dir>/study.md`` (the table and the command), ``runs.csv``,
+``comparison.png`` and ``learning_curves.png``, also logged to the parent run.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
+import hydra
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.evaluate import compose_eval, evaluate_agents
+from flows.train_cycle import train_cycle
+from mars2.config import ConfigError, RunConfig, StudyConfig
+from mars2.eval.compare import comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
+from mars2.io import atomic_write_text
+from tasks import tracking
+from tasks.config import CONF_DIR, compose_run, load_cfg, to_yaml
+
+CONFIG_NAME = "study_config"
+
+
+def compose_study(overrides: list[str]) -> StudyConfig:
+    """The validated study config, and a check that every arm's run config composes."""
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(StudyConfig), load_cfg(overrides, config_name=CONFIG_NAME).study)
+        study: StudyConfig = OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid study config: {' '.join(str(e).split())}") from None
+    if not study.arms or not study.seeds:
+        raise ConfigError("a study needs at least one arm (study.arms) and one seed (study.seeds)")
+    budgets = {arm: programs_per_problem(compose_run(arm_overrides(study, arm, study.seeds[0])))
+               for arm in study.arms}
+    if len(set(budgets.values())) > 1:
+        raise ConfigError(f"arms differ in sample budget (programs per training problem per cycle): {budgets}; "
+                          "set search.max_nodes / search.n_samples so they are equal")
+    compose_eval(base_overrides(study, study.seeds[0]))
+    return study
+
+
+def programs_per_problem(cfg: RunConfig) -> int:
+    """Programs generated per training problem per cycle: tree nodes, or i.i.d. samples × agents."""
+    if cfg.search.strategy == "independent":
+        return cfg.search.n_samples * len(cfg.agents.members)
+    return cfg.search.max_nodes
+
+
+def seed_overrides(seed: int) -> list[str]:
+    return [f"seed={seed}", f"search.seed={seed}", f"train.seed={seed}", f"eval.seed={seed}"]
+
+
+def arm_overrides(study: StudyConfig, arm: str, seed: int) -> list[str]:
+    return [*study.common, *study.arms[arm], *seed_overrides(seed)]
+
+
+def base_overrides(study: StudyConfig, seed: int) -> list[str]:
+    return [*study.common, *study.base, *seed_overrides(seed)]
+
+
+@flow(name="study")
+def study_flow(overrides: list[str] | None = None) -> dict:
+    """Run every arm × seed, then the comparison; returns the per-run rows and the table."""
+    study = compose_study(overrides or [])
+    cfg = compose_run(study.common)
+    parent = tracking.start_run(cfg, {"study": OmegaConf.to_container(OmegaConf.structured(study))}, to_yaml(cfg),
+                                flow_run_id=str(flow_run.id), run_name=f"study-{study.name}-{flow_run.name}",
+                                kind="study")
+    nest = [f"paths.parent_run={parent}"]
+    rows, curves = [], []
+    try:
+        for seed in study.seeds:
+            base = evaluate_agents([*base_overrides(study, seed), *nest, "+paths.tags.arm=base"])
+            base_row = run_row(prefixed(base["eval"]), agent=study.agent)
+            rows.append({"arm": "base", "seed": seed, "run_id": base["run_id"], **base_row})
+            for arm in study.arms:
+                result = train_cycle([*arm_overrides(study, arm, seed), *nest, f"+paths.tags.arm={arm}"])
+                rows.append({"arm": arm, "seed": seed, "run_id": result["run_id"],
+                             **run_row(prefixed(result["eval"]), agent=study.agent)})
+                curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
+                curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
+                           tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]
+        summary = write_results(study, cfg, parent, pd.DataFrame(rows), pd.DataFrame(curves), overrides or [])
+    except BaseException:
+        tracking.end_run(cfg, parent, "FAILED")
+        raise
+    tracking.end_run(cfg, parent, "FINISHED")
+    return summary
+
+
+def prefixed(eval_metrics: dict[str, float]) -> dict[str, float]:
+    return {f"eval/{k}": v for k, v in eval_metrics.items()}
+
+
+def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.DataFrame, curves: pd.DataFrame,
+                  overrides: list[str]) -> dict:
+    out = Path(study.out_dir or Path(cfg.paths.root) / "study" / study.name)
+    out.mkdir(parents=True, exist_ok=True)
+    table = comparison_table(runs.to_dict(orient="records"))
+    command = "python flows/study.py" + "".join(f" {shlex.quote(o)}" for o in overrides)
+    text = (f"# Study `{study.name}`\n\nCommand: `{command}`  \nMLflow parent run: `{parent}`  \n"
+            f"Seeds: {list(study.seeds)}; Pass@1 = greedy Pass@1 of `{study.agent}`; Pass@1(MCTS) and Pass@N = the "
+            f"arm's team tree ({cfg.eval.max_nodes} nodes) on the held-out problems.\n\n{to_markdown(table)}")
+    atomic_write_text(out / "study.md", text)
+    atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
+    atomic_write_text(out / "curves.csv", curves.to_csv(index=False))
+    plot_comparison(table, out / "comparison.png")
+    if len(curves):
+        plot_learning_curves(curves, out / "learning_curves.png", ylabel=f"Pass@1 of {study.agent} (held-out)")
+    for f in sorted(out.iterdir()):
+        tracking.log_table(cfg, parent, f, "study")
+    print(text)
+    return {"run_id": parent, "out_dir": str(out), "runs": runs.to_dict(orient="records"),
+            "table": table.to_dict(orient="records")}
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
+def main(_: DictConfig) -> None:
+    overrides = list(HydraConfig.get().overrides.task)
+    try:
+        compose_study(overrides)
+    except ConfigError as e:
+        sys.exit(f"mars2: config error: {e}")
+    try:
+        study_flow(overrides)
+    except Exception as e:
+        sys.exit(f"mars2: the study failed: {type(e).__name__}: {e}\n"
+                 "Run the same command again: finished runs' stages come back from cache.")
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,129 @@
+"""Side-by-side comparison of runs in the paper's layout: arms × Pass@1 / Pass@1(MCTS) / Pass@N, over seeds.
+
+An *arm* is a training recipe (``base``: the agents before any RL; ``grpo``: vanilla GRPO; ``single``: single-agent
+tree RL; ``homogeneous``: multi-role, one set of weights; ``heterogeneous``: MARS² multi-agent). Each run gives
+one row ``{arm, seed, pass_at_1, pass_at_1_mcts, pass_at_n}``; :func:`comparison_table` reduces the rows to
+mean, standard deviation (ddof=1; NaN for one seed) and count per arm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mars2.eval.report import save_figure
+
+ARMS = ("base", "grpo", "single", "homogeneous", "heterogeneous")
+ARM_NAMES = {"base": "Base", "grpo": "GRPO", "single": "Single-agent (RS²)", "homogeneous": "Homogeneous multi-role",
+             "heterogeneous": "Heterogeneous (MARS²)"}
+METRICS = ("pass_at_1", "pass_at_1_mcts", "pass_at_n")
+METRIC_NAMES = {"pass_at_1": "Pass@1", "pass_at_1_mcts": "Pass@1(MCTS)", "pass_at_n": "Pass@N"}
+
+
+def arm_of(params: dict[str, str], tags: dict[str, str]) -> str:
+    """The arm of an MLflow run: its ``mars2.arm`` tag, else derived from its resolved config params."""
+    if tags.get("mars2.arm"):
+        return tags["mars2.arm"]
+    unset = ("", "None", "null", "{}")
+    if (tags.get("mars2.kind") == "evaluate" and params.get("eval.from_run", "") in unset
+            and params.get("eval.checkpoints", "") in unset and not any(k.startswith("eval.checkpoints.") for k in params)):
+        return "base"
+    if params.get("search.strategy") == "independent":
+        return "grpo"
+    return params.get("agents.paradigm", "unknown")
+
+
+def run_row(metrics: dict[str, float], *, agent: str | None = None) -> dict[str, float]:
+    """Pass@1 of ``agent`` (else the team's: the mean over agents) and the team tree's Pass@1(MCTS)/Pass@N, from
+    a run's ``eval/...`` metrics (latest values)."""
+    def get(name: str) -> float:
+        return float(metrics.get(f"eval/{name}", float("nan")))
+
+    p1 = get(f"{agent}/pass_at_1") if agent is not None else float("nan")
+    if p1 != p1:
+        p1 = get("team/pass_at_1")
+    return {"pass_at_1": p1, "pass_at_1_mcts": get("team/pass_at_1_mcts"), "pass_at_n": get("team/pass_at_n")}
+
+
+def comparison_table(rows: Sequence[dict], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+    """Per arm (in :data:`ARMS` order, others after): ``<metric>_mean``, ``<metric>_std``, ``n_seeds``."""
+    frame = pd.DataFrame(list(rows))
+    if frame.empty:
+        raise ValueError("comparison: no runs to compare")
+    missing = {"arm", *metrics} - set(frame.columns)
+    if missing:
+        raise ValueError(f"comparison: rows lack {sorted(missing)}")
+    out = []
+    for arm, group in frame.groupby("arm", sort=False):
+        row: dict = {"arm": arm, "n_seeds": len(group)}
+        for m in metrics:
+            values = group[m].astype(float)
+            row[f"{m}_mean"] = float(values.mean())
+            row[f"{m}_std"] = float(values.std(ddof=1)) if values.notna().sum() > 1 else float("nan")
+        out.append(row)
+    table = pd.DataFrame(out)
+    rank = {a: i for i, a in enumerate(ARMS)}
+    return table.sort_values("arm", key=lambda s: s.map(lambda a: rank.get(a, len(rank)))).reset_index(drop=True)
+
+
+def to_markdown(table: pd.DataFrame, metrics: Sequence[str] = METRICS) -> str:
+    """The table as Markdown, values in percent, ``mean ± std (n)``."""
+    head = "| arm | " + " | ".join(METRIC_NAMES.get(m, m) for m in metrics) + " | seeds |"
+    lines = [head, "|" + "---|" * (len(metrics) + 2)]
+    for _, r in table.iterrows():
+        cells = []
+        for m in metrics:
+            mean, std = r[f"{m}_mean"], r[f"{m}_std"]
+            cells.append("-" if mean != mean else f"{100 * mean:.1f}" + ("" if std != std else f" ± {100 * std:.1f}"))
+        lines.append(f"| {ARM_NAMES.get(r['arm'], r['arm'])} | " + " | ".join(cells) + f" | {int(r['n_seeds'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_comparison(table: pd.DataFrame, path: str | Path, metrics: Sequence[str] = METRICS,
+                    title: str = "final held-out results per arm (mean ± std over seeds)") -> Path:
+    """Grouped bars: one group per metric, one bar per arm, error bars = std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(table))
+    x = np.arange(len(metrics))
+    for i, (_, r) in enumerate(table.iterrows()):
+        means = [r[f"{m}_mean"] for m in metrics]
+        stds = [0.0 if r[f"{m}_std"] != r[f"{m}_std"] else r[f"{m}_std"] for m in metrics]
+        ax.bar(x + (i - (len(table) - 1) / 2) * width, means, width, yerr=stds, capsize=3,
+               label=ARM_NAMES.get(r["arm"], r["arm"]))
+    ax.set_xticks(x, [METRIC_NAMES.get(m, m) for m in metrics])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of held-out problems")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_learning_curves(history: pd.DataFrame, path: str | Path, *, ylabel: str = "Pass@1 (held-out)",
+                         title: str = "learning curves (mean over seeds, band = min..max)") -> Path:
+    """One line per arm over ``cycle`` (mean of ``value`` over ``seed``) with a min–max band across seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rank = {a: i for i, a in enumerate(ARMS)}
+    for arm in sorted(history["arm"].unique(), key=lambda a: rank.get(a, len(rank))):
+        g = history[history["arm"] == arm].groupby("cycle")["value"].agg(["mean", "min", "max"]).sort_index()
+        ax.plot(g.index, g["mean"], marker="o", label=ARM_NAMES.get(arm, arm))
+        ax.fill_between(g.index, g["min"], g["max"], alpha=0.2)
+    ax.set_xlabel("cycle (0 = before RL)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
