@@ -41,6 +41,15 @@ def compose_eval(overrides: list[str]):
     return resolve(load_cfg(overrides, config_name=CONFIG_NAME))
 
 
+def checkpoints_of(cfg) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``{owner: folder}`` from ``eval.from_run`` and ``eval.checkpoints`` (the latter wins) and their file hashes."""
+    owners = [owner_of(m) for m in cfg.agents.members if m.shares_weights_with is None]
+    checkpoints = dict(cfg.eval.checkpoints)
+    if cfg.eval.from_run:
+        checkpoints = tracking.final_weights(cfg, cfg.eval.from_run) | checkpoints
+    return checkpoints, checkpoint_hashes(checkpoints, owners)
+
+
 @flow(name="evaluate")
 def evaluate_agents(overrides: list[str] | None = None) -> dict:
     """Evaluate the agents of ``overrides`` (Hydra overrides of ``conf/evaluate.yaml``); returns the run summary."""
@@ -54,10 +63,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     owners = [owner_of(m) for m in members if m.shares_weights_with is None]
     metrics: dict[str, float] = {}
     try:
-        checkpoints = dict(cfg.eval.checkpoints)
-        if cfg.eval.from_run:
-            checkpoints = tracking.final_weights(cfg, cfg.eval.from_run) | checkpoints
-        hashes = checkpoint_hashes(checkpoints, owners)
+        checkpoints, hashes = checkpoints_of(cfg)
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
         if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
@@ -79,13 +85,13 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
 def main(_: DictConfig) -> None:
     overrides = list(HydraConfig.get().overrides.task)
     try:
-        compose_eval(overrides)
+        checkpoints_of(compose_eval(overrides))  # fail fast, before Prefect starts
     except ConfigError as e:
         sys.exit(f"mars2: config error: {e}")
-    try:
-        evaluate_agents(overrides)
     except CheckpointError as e:
         sys.exit(f"mars2: checkpoint error: {e}")
+    try:
+        evaluate_agents(overrides)
     except Exception as e:
         sys.exit(f"mars2: the evaluation failed: {type(e).__name__}: {e}\n"
                  "Fix the cause and run the same command again: finished stages come back from cache.")

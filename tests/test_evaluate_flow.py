@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_problems=24", "data.max_eval_problems=3", "eval.max_new_tokens=24", "grading.time_limit_s=2"]
-LCB_V5 = ROOT.parent / "shared" / "data" / "lcb_v5"
+LCB_V5 = ROOT.parent / "shared" / "data" / "lcb_v5_public" / "problems.jsonl"
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def test_other_benchmarks_run_through_the_same_flow(home, data):
     overrides = [f"data={data}", "data.max_eval_problems=2", "eval=default", "eval.max_nodes=2",
                  "eval.max_new_tokens=24", "grading.time_limit_s=2"]
     if data == "lcb_v5_public":
-        if not LCB_V5.is_dir():
+        if not LCB_V5.is_file():
             pytest.skip(f"{LCB_V5} is absent (the offline LCB v5 copy lives in ../shared/data)")
         overrides.append(f"data.path={LCB_V5}")
     r = _run(home, "evaluate.py", *overrides)
@@ -147,7 +147,9 @@ def test_other_benchmarks_run_through_the_same_flow(home, data):
     assert m["eval/n_problems"] == 2 and "eval/team/pass_at_1_mcts" in m
     if data == "lcb_v5_public":
         assert m["eval/graded_on_public_tests"] == 2
-        assert "public tests stand in for hidden ones" in r.stderr + r.stdout
+        assert "public tests stand in for hidden ones" in " ".join((r.stderr + r.stdout).split())
+        summary = (_eval_dir(home, _latest_run(home)) / "summary.json").read_text()
+        assert '"hidden_tests": "public tests stand in"' in summary
     else:
         assert m["eval/graded_on_public_tests"] == 0
 

@@ -88,7 +88,9 @@ def evaluation_metrics(results: pd.DataFrame, trees: pd.DataFrame, *, ks: Sequen
 
 
 def _labels(rows: pd.DataFrame) -> list[str]:
-    return [c for c in ("difficulty", "platform") if c in rows.columns and rows[c].notna().all()]
+    # a label is used only when every problem has one (HumanEval has no difficulty: "")
+    return [c for c in ("difficulty", "platform") if c in rows.columns and rows[c].notna().all()
+            and (rows[c].astype(str).str.strip() != "").all()]
 
 
 def _summary(per_problem: pd.DataFrame, prefix: str, suffix: str = "") -> dict[str, float]:
