@@ -214,7 +214,7 @@ class PathsConfig:
 
 @dataclass
 class StudyConfig:
-    """flows/study.py: arms × seeds at an equal sample budget, then the comparison (docs/study.md)."""
+    """flows/study.py: arms × seeds at an equal sample budget, then the comparison (RESULTS.md)."""
 
     name: str = "default"
     seeds: list[int] = field(default_factory=lambda: [0, 1])
