@@ -57,6 +57,16 @@ def test_metric_names_and_hand_values():
     assert m["team/n_problems_with_correct"] == 1.0 and m["team/da_at_2"] == pytest.approx(1.0)
     assert m["n_problems"] == 2
     assert all(not math.isnan(v) for v in m.values())
+    assert not any("/platform/" in k for k in m)  # one platform: no platform breakdown
+
+
+def test_platform_breakdown_when_several_platforms():
+    samples = _samples()
+    samples["platform"] = samples["problem_id"].map({"p1": "atcoder", "p2": "leetcode"})
+    trees = _trees().assign(platform=lambda t: t["problem_id"].map({"p1": "atcoder", "p2": "leetcode"}))
+    m = evaluation_metrics(per_problem_results(samples, trees), trees)
+    assert m["qwen/pass_at_1/platform/atcoder"] == 1.0 and m["qwen/pass_at_1/platform/leetcode"] == 0.0
+    assert m["team/pass_at_n/platform/atcoder"] == 1.0
     assert all("@" not in k for k in m)  # MLflow metric names cannot hold '@'
 
 

@@ -19,6 +19,7 @@ Metric names are stable and MLflow-safe (MLflow names cannot hold ``@``: ``pass_
 ``<who>/public_pass_accuracy``         mean hidden reward of the nodes that pass all public tests
 ``…_tplus``                            the same from trees built with T+ (error feedback + depth-guided search)
 ``<metric>/<difficulty>``              the same over the problems of one difficulty
+``<metric>/platform/<platform>``       the same over one platform (when there are several)
 ``team/da_at_<K>``, ``team/aec``,      our diversity metrics (docs/eval.md) of the correct programs of the team
 ``team/g_vendi``                       tree (T+ off when it was built, else T+ on)
 =====================================  ==========================================================================
@@ -94,6 +95,8 @@ def _labels(rows: pd.DataFrame) -> list[str]:
 
 
 def _summary(per_problem: pd.DataFrame, prefix: str, suffix: str = "") -> dict[str, float]:
+    """Overall and per-difficulty means (``<metric>/<difficulty>``), and per platform (``<metric>/platform/<p>``)
+    when the problems come from more than one platform."""
     by = "difficulty" if "difficulty" in per_problem.columns else None
     table = summarise(per_problem.drop(columns=["platform"], errors="ignore"), by=by)
     metrics = [c for c in table.columns if c != "n_problems" and not c.endswith("_n_problems")]
@@ -101,6 +104,10 @@ def _summary(per_problem: pd.DataFrame, prefix: str, suffix: str = "") -> dict[s
     for group, row in table.iterrows():
         tail = "" if group == "all" else f"/{group}"
         out |= {f"{prefix}{m}{suffix}{tail}": row[m] for m in metrics}
+    if "platform" in per_problem.columns and per_problem["platform"].nunique() > 1:
+        platforms = summarise(per_problem.drop(columns=["difficulty"], errors="ignore"), by="platform")
+        for group, row in platforms.drop(index="all").iterrows():
+            out |= {f"{prefix}{m}{suffix}/platform/{group}": row[m] for m in metrics}
     return out
 
 
