@@ -13,22 +13,20 @@ takes; the evaluation stage is the one a train cycle ends with (docs/eval.md), c
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
-from mars2.config import ConfigError
 from tasks import tracking
 from tasks._agents import owner_of
 from tasks._stage import StageContext
 from tasks.bootstrap import needs_bootstrap
-from tasks.checkpoints import CheckpointError, checkpoint_hashes
+from tasks.checkpoints import checkpoint_hashes
+from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, load_cfg, resolve, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.report import RunReport
@@ -83,18 +81,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
 def main(_: DictConfig) -> None:
-    overrides = list(HydraConfig.get().overrides.task)
-    try:
-        checkpoints_of(compose_eval(overrides))  # fail fast, before Prefect starts
-    except ConfigError as e:
-        sys.exit(f"mars2: config error: {e}")
-    except CheckpointError as e:
-        sys.exit(f"mars2: checkpoint error: {e}")
-    try:
-        evaluate_agents(overrides)
-    except Exception as e:
-        sys.exit(f"mars2: the evaluation failed: {type(e).__name__}: {e}\n"
-                 "Fix the cause and run the same command again: finished stages come back from cache.")
+    run_flow_from_cli(lambda overrides: checkpoints_of(compose_eval(overrides)), evaluate_agents, "evaluation")
 
 
 if __name__ == "__main__":

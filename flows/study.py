@@ -13,13 +13,11 @@ before anything runs). Results: ``<out_dir>/study.md`` (the table and the comman
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
 import hydra
 import pandas as pd
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from prefect import flow
@@ -31,6 +29,7 @@ from mars2.config import ConfigError, RunConfig, StudyConfig
 from mars2.eval.compare import comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
 from mars2.io import atomic_write_text
 from tasks import tracking
+from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, load_cfg, to_yaml
 
 CONFIG_NAME = "study_config"
@@ -131,16 +130,7 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
 def main(_: DictConfig) -> None:
-    overrides = list(HydraConfig.get().overrides.task)
-    try:
-        compose_study(overrides)
-    except ConfigError as e:
-        sys.exit(f"mars2: config error: {e}")
-    try:
-        study_flow(overrides)
-    except Exception as e:
-        sys.exit(f"mars2: the study failed: {type(e).__name__}: {e}\n"
-                 "Run the same command again: finished runs' stages come back from cache.")
+    run_flow_from_cli(compose_study, study_flow, "study")
 
 
 if __name__ == "__main__":

@@ -14,23 +14,21 @@ re-uses finished stages and runs only what failed and what depends on it.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
-from mars2.config import ConfigError
 from mars2.sandbox import isolation_params
 from tasks import tracking
 from tasks._agents import model_dir, owner_of
 from tasks._stage import StageContext
 from tasks.bootstrap import needs_bootstrap
+from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.report import RunReport
@@ -87,16 +85,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(_: DictConfig) -> None:
-    overrides = list(HydraConfig.get().overrides.task)  # this job's overrides (one job per -m combination)
-    try:
-        check_dispatch(compose_run(overrides).orchestration)  # fail fast, before Prefect starts
-    except ConfigError as e:
-        sys.exit(f"mars2: config error: {e}")
-    try:
-        train_cycle(overrides)
-    except Exception as e:  # the traceback is in Prefect's log above; say what to do next
-        sys.exit(f"mars2: the run failed: {type(e).__name__}: {e}\n"
-                 "Fix the cause and run the same command again: finished stages come back from cache.")
+    # fail fast, before Prefect starts: the config, and a server to dispatch to in pools mode
+    run_flow_from_cli(lambda overrides: check_dispatch(compose_run(overrides).orchestration), train_cycle, "run")
 
 
 if __name__ == "__main__":

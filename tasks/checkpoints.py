@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import task
 
+from mars2.config import ConfigError
 from mars2.io import sha256_file
 from tasks._agents import model_dir, tokenizer_dir
 from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
@@ -19,8 +20,10 @@ STAGE = "checkpoints"
 MODULES = ("mars2.io", "tasks.checkpoints", "tasks._agents")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint that cannot be evaluated: unknown agent, missing folder, no weights in it."""
+
+    label = "checkpoint error"
 
 
 def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[str, dict[str, str]]:

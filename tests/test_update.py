@@ -34,15 +34,22 @@ def _logp_of(model_dir, samples, pad_id):
     return (logp * batch["mask"]).sum(1) / batch["mask"].sum(1)
 
 
-def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
-    tok = tiny_tokenizer
+def _good_and_bad(model_dir, tok, copies: int):
+    """A correct (+1) and a wrong (−1) answer to one prompt, ``copies`` times each, with rollout log-probs = the
+    model's mean log-prob of each; and those initial log-probs."""
     good = tok("print(sum(map(int, input().split())))")["input_ids"]
     bad = tok("while True: pass")["input_ids"]
     prompt = tok("<|user|>\nadd<|end|>\n<|assistant|>\n")["input_ids"]
-    init_logp = _logp_of(str(tiny_model_dir), [Sample(prompt, good, [0.0] * len(good), 0.0),
-                                               Sample(prompt, bad, [0.0] * len(bad), 0.0)], tok.pad_token_id)
+    init_logp = _logp_of(str(model_dir), [Sample(prompt, good, [0.0] * len(good), 0.0),
+                                          Sample(prompt, bad, [0.0] * len(bad), 0.0)], tok.pad_token_id)
     lp = init_logp.tolist()
-    samples = [Sample(prompt, good, [lp[0]] * len(good), 1.0), Sample(prompt, bad, [lp[1]] * len(bad), -1.0)] * 2
+    samples = [Sample(prompt, good, [lp[0]] * len(good), 1.0), Sample(prompt, bad, [lp[1]] * len(bad), -1.0)] * copies
+    return samples, init_logp
+
+
+def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
+    tok = tiny_tokenizer
+    samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=2)
     hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10)
     profile = {"zero_optimization": {"stage": 0}}
     m1 = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
@@ -79,13 +86,7 @@ def test_step_batches_split_evenly_and_never_empty():
 
 def test_several_optimizer_steps_per_update(tiny_model_dir, tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
-    good = tok("print(sum(map(int, input().split())))")["input_ids"]
-    bad = tok("while True: pass")["input_ids"]
-    prompt = tok("<|user|>\nadd<|end|>\n<|assistant|>\n")["input_ids"]
-    lp = _logp_of(str(tiny_model_dir), [Sample(prompt, good, [0.0] * len(good), 0.0),
-                                        Sample(prompt, bad, [0.0] * len(bad), 0.0)], tok.pad_token_id)
-    samples = [Sample(prompt, good, [float(lp[0])] * len(good), 1.0),
-               Sample(prompt, bad, [float(lp[1])] * len(bad), -1.0)] * 4
+    samples, lp = _good_and_bad(tiny_model_dir, tok, copies=4)
     hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10, step_batch=2)
     m = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
                      samples=samples, out_dir=tmp_path / "u", profile={"zero_optimization": {"stage": 0}}, hp=hp,
