@@ -61,7 +61,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
 
         for cycle in range(cfg.train.cycles):
             trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, members, weights, agents, dataset, cycle,
-                                              cfg.data.max_train_problems), cycle)
+                                              cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
             verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
             routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
                                  cycle)

@@ -78,7 +78,13 @@ class AgentConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
-    gpus: int = 0  # GPUs this agent's update needs (resource planning; 0 on CPU)
+    gpus: int = 0  # GPUs this agent's update needs (resource planning; 0 on CPU); > 1: one torchrun rank per GPU
+    update_procs: int | None = None  # data-parallel processes of this agent's update; null = max(1, gpus)
+
+    @property
+    def processes(self) -> int:
+        """Processes (ranks) of this agent's update: ``update_procs``, else one per GPU, at least one."""
+        return self.update_procs if self.update_procs is not None else max(1, self.gpus)
 
 
 @dataclass
@@ -106,6 +112,7 @@ class DataConfig:
     eval_ids_file: str | None = None  # split=ids: file of eval problem ids (one per line, or a JSON list)
     reject_fatal: bool = False  # fail the data stage if any row is rejected (else rejects go to rejected.parquet)
     max_train_problems: int | None = 16  # cap per cycle (CPU budget); null = all
+    rotate_train: bool = True  # each cycle takes the next max_train_problems; false: the same first ones every cycle
     max_eval_problems: int | None = 16
 
 
@@ -186,6 +193,8 @@ class EvalConfig:
     seed: int = 0
     checkpoints: dict[str, str] = field(default_factory=dict)  # flows/evaluate.py: weight owner → model folder
     from_run: str | None = None  # flows/evaluate.py: MLflow run id of a train-cycle run → its final weights
+    split: str = "eval"  # eval: the held-out problems; train: the first training problems (cycle 0's first, in the
+    #                      order cycles visit them), graded on their hidden tests: "did it learn what it was rewarded for"
 
 
 @dataclass
@@ -340,6 +349,9 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if e.n_samples < 1 or e.max_nodes < 1 or e.max_new_tokens < 1 or e.diversity_k < 1 or any(k < 1 for k in e.ks):
         _fail("eval.n_samples, eval.max_nodes, eval.max_new_tokens, eval.diversity_k and every eval.ks must be >= 1",
               f"Got {e.n_samples}, {e.max_nodes}, {e.max_new_tokens}, {e.diversity_k} and {e.ks}.")
+    if e.split not in ("eval", "train"):
+        _fail(f"eval.split={e.split!r} is unknown",
+              "Allowed: eval (held-out problems, the reported scores), train (the problems the cycles train on).")
     if e.tree and not e.tplus:
         _fail("eval.tree=true needs at least one entry in eval.tplus",
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
@@ -427,6 +439,9 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if b.steps and m.shares_weights_with is not None:
             _fail(f"{where}: a role sharing weights cannot have its own bootstrap",
                   f"Set bootstrap on the weight owner {m.shares_weights_with!r}.")
+        if m.update_procs is not None and m.update_procs < 1:
+            _fail(f"{where}: update_procs={m.update_procs} must be >= 1",
+                  "Leave it null to use one process per GPU (agents.members.N.gpus), or set 1 for no launcher.")
         if m.device.startswith("cuda"):
             needs_gpu.append(m.name)
         elif m.device != "cpu":

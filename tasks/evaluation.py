@@ -42,14 +42,15 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
     def produce(out: Path) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
 
-        held_out = pd.read_parquet(dataset.path("eval.parquet"))
-        ids = cycle_subset(held_out["id"].tolist(), 0, max_problems)
-        frame = held_out.set_index("id").loc[ids].reset_index()
+        table = f"{evaluation.split}.parquet"
+        pool = pd.read_parquet(dataset.path(table))
+        ids = cycle_subset(pool["id"].tolist(), 0, max_problems)
+        frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
         samples, trees = generate(problems, evaluation, search, grading, members, weights, agents, cycle)
         graded = grade_unique(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
-                                        ignore_index=True), dataset, grading)
+                                        ignore_index=True), dataset, grading, table)
         public_only = sum(not p.hidden_tests for p in problems)
         graded = graded.merge(labels, on="problem_id", how="left")
         samples = graded[graded["kind"] == "samples"].drop(columns=["kind", "who", "tplus", "score"], errors="ignore")
@@ -106,10 +107,11 @@ def generate(problems, evaluation: EvalConfig, search: SearchConfig, grading: Gr
     return samples_table, trees_table
 
 
-def grade_unique(rows: pd.DataFrame, dataset: StageRecord, grading: GradingConfig) -> pd.DataFrame:
+def grade_unique(rows: pd.DataFrame, dataset: StageRecord, grading: GradingConfig,
+                 table: str = "eval.parquet") -> pd.DataFrame:
     """Hidden-test verdicts for ``rows`` (``problem_id``, ``code``, …): each distinct (problem, program) runs once."""
     keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
     unique = keys.assign(node_id=range(len(keys)), agent="")
-    verdicts = grade_rows(unique, dataset, "eval.parquet", grading)
+    verdicts = grade_rows(unique, dataset, table, grading)
     verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
     return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")

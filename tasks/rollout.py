@@ -21,8 +21,11 @@ MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mar
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="rollout-c{cycle}")
 def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, members: list[AgentConfig],
             weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord, cycle: int,
-            max_problems: int | None) -> StageRecord:
-    """``trees.parquet``: one row per node (problem, node id, parent, depth, agent, prompt, response, code,
+            max_problems: int | None, rotate: bool = True) -> StageRecord:
+    """Trees for cycle ``cycle``'s ``max_problems`` training problems (the next window each cycle, or with
+    ``rotate=False`` the first window every cycle).
+
+    ``trees.parquet``: one row per node (problem, node id, parent, depth, agent, prompt, response, code,
     token ids, rollout log-probs, public-test verdict and score); ``trees.png``: a few trees."""
 
     def produce(out: Path) -> dict:
@@ -30,7 +33,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, mem
         from mars2.search.tree_stats import plot_trees, tree_stats
 
         train = pd.read_parquet(dataset.path("train.parquet"))
-        ids = cycle_subset(train["id"].tolist(), cycle, max_problems)
+        ids = cycle_subset(train["id"].tolist(), cycle if rotate else 0, max_problems)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
         runners = agent_runners(members, weights, agents, search.batch_size)
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from prefect import task
 
-from mars2.config import AgentConfig, TrainConfig
+from mars2.config import AgentConfig, ConfigError, TrainConfig
 from tasks._agents import model_dir, tokenizer_dir
 from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
@@ -22,6 +23,9 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                   weights: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int) -> StageRecord:
     """New weights (``model/``, safetensors), optimizer/scheduler/RNG state (``ds/``) and sample buffer of ``member``.
 
+    ``member.processes > 1`` (``gpus`` or ``update_procs``): the step runs data parallel on that many torchrun ranks
+    (:mod:`mars2.train.launch`), the same update as one process makes.
+
     The agent's buffer = samples carried over from earlier cycles + the samples routed to it now. When it holds
     at least ``train.train_batch`` samples the agent takes one step on all of them (computing their log-probs
     itself) and the buffer empties; otherwise the record points at the previous weights and keeps the buffer.
@@ -33,6 +37,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
 
         from mars2.io import write_parquet
         from mars2.train import Sample, UpdateHParams, update_agent
+        from mars2.train.launch import launch_update
 
         carried = weights.meta.get("buffers", {}).get(owner)
         new = pd.read_parquet(routed.path(f"routed/{owner}.parquet"))
@@ -40,7 +45,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         prev_ds = weights.meta.get("ds_dirs", {}).get(owner)
         if len(table) < train.train_batch:
             write_parquet(out / "buffer.parquet", table)
-            return {"metrics": {f"{owner}/skipped": 1.0, f"{owner}/buffered": len(table)},
+            return {"metrics": {"skipped": 1.0, "buffered": len(table)},
                     "meta": {"model_dirs": {owner: model_dir(weights, owner)},
                              "ds_dirs": {owner: weights.resolve(prev_ds)} if prev_ds else {},
                              "buffers": {owner: "buffer.parquet"}}}
@@ -54,15 +59,30 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                            dtype=member.dtype, seed=train.seed + cycle,
                            step_batch=train.step_batch)
         pad_id = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True).pad_token_id
-        metrics = update_agent(
-            model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),
-            prev_ds_dir=weights.resolve(prev_ds) if prev_ds else None, samples=samples, out_dir=out,
-            profile=profile, hp=hp, pad_id=pad_id, device=member.device,
-        )
+        args = dict(model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),
+                    prev_ds_dir=weights.resolve(prev_ds) if prev_ds else None, samples=samples, profile=profile, hp=hp,
+                    pad_id=pad_id, device=member.device)
+        if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
+            check_processes(member)
+            metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
+            shutil.rmtree(out / "job")
+        else:
+            metrics = update_agent(out_dir=out, **args)
         adv = table["advantage"]
         metrics.update(advantage_mean=float(adv.mean()), advantage_std=float(adv.std(ddof=0)),
                        advantage_abs_max=float(adv.abs().max()), carried_over=float(len(table) - len(new)))
-        return {"metrics": {f"{owner}/{k}": v for k, v in metrics.items()},
+        return {"metrics": metrics,
                 "meta": {"model_dirs": {owner: "model"}, "ds_dirs": {owner: "ds"}}}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+
+
+def check_processes(member: AgentConfig) -> None:
+    """A multi-process update on CUDA needs one visible GPU per rank."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    if member.device.startswith("cuda") and visible < member.processes:
+        raise ConfigError(f"agent {member.name!r}: its update needs {member.processes} GPUs (gpus/update_procs) but "
+                          f"this worker sees {visible}; run the update stage on a worker with enough GPUs "
+                          "(orchestration=pools) or lower agents.members.N.gpus")

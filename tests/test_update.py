@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from mars2.train import Sample, UpdateHParams, update_agent, warmup_cosine
-from mars2.train.engine import deepspeed_config, pack_batch, token_logprobs
+from mars2.train.engine import deepspeed_config, pack_batch, rank_micro_batches, step_groups, token_logprobs
+from mars2.train.launch import UpdateLaunchError, launch_update
 
 
 def test_warmup_cosine_schedule():
@@ -70,7 +72,7 @@ def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_
 def test_step_batches_split_evenly_and_never_empty():
     from mars2.train.engine import step_batches
 
-    assert step_batches(10, None, 4, 0) == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]]  # one step, in order
+    assert step_batches(10, None, 4, 0) == [[[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]]  # one step, in order
     steps = step_batches(10, 4, 4, 0)
     assert len(steps) == 2 and all(len(s) == len(steps[0]) for s in steps)  # same accumulation count per step
     flat = sorted(i for s in steps for m in s for i in m)
@@ -95,3 +97,55 @@ def test_several_optimizer_steps_per_update(tiny_model_dir, tiny_tokenizer, tmp_
     assert m["clip_frac"] > 0  # later steps see ratios away from 1: π_old is the policy before the first step
     after = _logp_of(str(tmp_path / "u" / "model"), samples[:2], tok.pad_token_id)
     assert after[0] > lp[0] and after[1] < lp[1]
+
+
+# one agent's update on several processes (torchrun, gloo on CPU) equals the one-process update
+
+PROFILE = {"zero_optimization": {"stage": 0}}
+
+
+def test_ranks_split_every_step_into_equal_numbers_of_micro_batches():
+    groups = step_groups(11, 5, seed=0)
+    per_rank = [rank_micro_batches(groups, micro_batch=2, world=2, rank=r) for r in range(2)]
+    assert len({len(m) for steps in per_rank for m in steps}) == 1  # one accumulation count for all steps and ranks
+    for s, group in enumerate(groups):
+        mine = [sorted(i for m in per_rank[r][s] for i in m) for r in range(2)]
+        assert sorted(mine[0] + mine[1]) == sorted(group) and not set(mine[0]) & set(mine[1])
+        assert all(m for r in range(2) for m in per_rank[r][s])
+    with pytest.raises(ValueError, match="processes"):
+        rank_micro_batches(step_groups(3, None, 0), micro_batch=2, world=4, rank=0)
+
+
+@pytest.mark.slow
+def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path):
+    tok = tiny_tokenizer
+    samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=4)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, total_steps=10, step_batch=4)
+    args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
+                profile=PROFILE, hp=hp, pad_id=tok.pad_token_id, device="cpu")
+    one = update_agent(out_dir=tmp_path / "one", **args)
+    two = launch_update(2, tmp_path / "job", out_dir=str(tmp_path / "two"), **args)
+    assert two["processes"] == 2 and two["optimizer_steps"] == one["optimizer_steps"] == 2
+    w1 = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
+    assert any(float((w1[k] - load_file(tiny_model_dir / "model.safetensors")[k]).abs().max()) > 1e-3 for k in w1)
+    assert two["kl"] == pytest.approx(one["kl"], rel=1e-4, abs=1e-9)
+    after = _logp_of(str(tmp_path / "two" / "model"), samples[:2], tok.pad_token_id)
+    assert after[0] > init_logp[0] and after[1] < init_logp[1]
+
+    again = launch_update(2, tmp_path / "job2", **{**args, "model_dir": str(tmp_path / "two" / "model"),
+                                                    "prev_ds_dir": str(tmp_path / "two" / "ds")},
+                          out_dir=str(tmp_path / "three"))
+    assert again["update_step"] == 4  # optimizer and scheduler state resumed from the two-rank checkpoint
+
+
+@pytest.mark.slow
+def test_failed_launch_raises_with_the_ranks_output(tiny_model_dir, tiny_tokenizer, tmp_path):
+    samples, _ = _good_and_bad(tiny_model_dir, tiny_tokenizer, copies=1)
+    with pytest.raises(UpdateLaunchError, match="(?s)exit.*missing-model"):
+        launch_update(2, tmp_path / "job", model_dir=str(tmp_path / "missing-model"),
+                      ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples, out_dir=str(tmp_path / "o"),
+                      profile=PROFILE, hp=UpdateHParams(), pad_id=tiny_tokenizer.pad_token_id, device="cpu")
+    assert not (tmp_path / "o" / "model").exists()

@@ -54,8 +54,12 @@ class UpdateHParams:
     step_batch: int | None = None  # samples per optimizer step; None = one step on all samples
 
 
-def init_single_process_distributed() -> None:
-    """Make DeepSpeed usable in one process without its launcher (gloo on CPU, nccl on GPU); idempotent."""
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size) of this process, with torch.distributed ready for DeepSpeed (gloo on CPU, nccl on GPU).
+
+    Under ``torchrun`` (RANK/WORLD_SIZE/MASTER_* set by the launcher) it joins the launcher's group; alone, it makes
+    a one-process group on a free port, so DeepSpeed runs without its launcher. Idempotent.
+    """
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
@@ -67,6 +71,14 @@ def init_single_process_distributed() -> None:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rank_device(device: str, world: int) -> str:
+    """This rank's device: ``cuda`` becomes ``cuda:<LOCAL_RANK>`` when several processes share a node."""
+    if world > 1 and device.startswith("cuda"):
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return device
 
 
 def _free_port() -> int:
@@ -147,15 +159,18 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     before the first step for all of them (PPO-style), so later steps' ratios see how far the policy moved.
     """
     import deepspeed
+    import torch.distributed as dist
 
-    init_single_process_distributed()
+    rank, world = init_distributed()
+    device = rank_device(device, world)
     torch.manual_seed(hp.seed)
     out_dir = Path(out_dir)
     model = _load_model(model_dir, hp.dtype, device)
     if profile.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable()
     ref = _load_model(ref_model_dir, hp.dtype, device).eval().requires_grad_(False)
-    steps = step_batches(len(samples), hp.step_batch, hp.micro_batch, hp.seed)
+    groups = step_groups(len(samples), hp.step_batch, hp.seed)
+    steps = rank_micro_batches(groups, hp.micro_batch, world, rank)
     n_micro = len(steps[0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -177,11 +192,11 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
         with torch.no_grad():
             old_logps = [token_logprobs(engine, b["input_ids"], b["attention_mask"])
                          for b in (pack_batch(c, pad_id, engine.device) for c in chunks)]
-    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "tis_vetoed": 0.0}
+    keys = ("loss", "pg_loss", "kl", "clip_frac", "tis_vetoed")
+    totals = torch.zeros(len(keys), dtype=torch.float64)
     grad_norm = None
     k = 0
-    for micro in steps:
-        size = sum(len(idx) for idx in micro)
+    for micro, group in zip(steps, groups, strict=True):
         for i, idx in enumerate(micro):
             chunk = chunks[k]
             batch = pack_batch(chunk, pad_id, engine.device)
@@ -196,43 +211,73 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             else:
                 out = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
                                 kl_coef=hp.kl_coef)
-            # DeepSpeed averages micro-batch losses; weight by size so the loss is a mean over the step's samples
-            engine.backward(out.loss * (len(chunk) * n_micro / size))
+            # DeepSpeed divides by the accumulation count and averages over ranks; weight each micro-batch by its
+            # share of the step's samples so the gradient is the mean over all of them, whatever the split
+            engine.backward(out.loss * (len(chunk) * n_micro * world / len(group)))
             if i == n_micro - 1:
                 grad_norm = _grad_norm(engine)
             engine.step()
-            for key in totals:
-                totals[key] += float(out.loss.item() if key == "loss" else getattr(out, key)) / len(chunks)
+            totals += torch.tensor([float(out.loss.item() if key == "loss" else getattr(out, key)) for key in keys],
+                                   dtype=torch.float64) * len(chunk)
             k += 1
+    tokens = float(sum(len(samples[i].prompt_ids) + len(samples[i].response_ids)
+                       for micro in steps for idx in micro for i in idx))
+    totals = _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device, world)
     seconds = time.perf_counter() - start
     lr = scheduler.get_last_lr()[0]
     engine.save_checkpoint(str(out_dir / "ds"), tag="ckpt",
                            client_state={"update_step": step + len(steps), "torch_rng": torch.get_rng_state()})
-    _save_hf(engine, out_dir / "model", profile)
-    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    _save_hf(engine, out_dir / "model", profile, rank)
+    if world > 1:
+        dist.barrier()
+    means = {key: float(totals[j]) / len(samples) for j, key in enumerate(keys)}
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
-    return {**totals, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
-            "optimizer_steps": float(len(steps)),
-            "tokens_per_s": tokens / max(seconds, 1e-9), "step_seconds": seconds}
+    return {**means, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
+            "optimizer_steps": float(len(steps)), "processes": float(world),
+            "tokens_per_s": float(totals[-1]) / max(seconds, 1e-9), "step_seconds": seconds}
 
 
-def step_batches(n: int, step_batch: int | None, micro_batch: int, seed: int) -> list[list[list[int]]]:
-    """Sample indices per optimizer step, per micro-batch: every step has the same number of micro-batches
-    (DeepSpeed's gradient-accumulation count is fixed per engine).
+def _sum_over_ranks(values: torch.Tensor, device, world: int) -> torch.Tensor:
+    if world == 1:
+        return values
+    import torch.distributed as dist
 
-    ``step_batch=None`` → one step over ``range(n)`` in order; else ⌊n/step_batch⌋ (≥ 1) near-equal steps over a
-    seeded permutation of ``range(n)``.
-    """
+    on = values.to(device)
+    dist.all_reduce(on)
+    return on.cpu()
+
+
+def step_groups(n: int, step_batch: int | None, seed: int) -> list[list[int]]:
+    """Sample indices of each optimizer step: ``step_batch=None`` → one step over ``range(n)`` in order; else
+    ⌊n/step_batch⌋ (≥ 1) near-equal steps over a seeded permutation of ``range(n)``."""
     if n < 1:
         raise ValueError("update needs at least one sample")
     if step_batch is None:
-        return [[list(range(i, min(i + micro_batch, n))) for i in range(0, n, micro_batch)]]
+        return [list(range(n))]
     order = [int(i) for i in np.random.default_rng(seed).permutation(n)]
     n_steps = max(1, n // step_batch)
-    groups = [order[i * n // n_steps : (i + 1) * n // n_steps] for i in range(n_steps)]
-    # same count in every step, never an empty micro-batch (groups differ in size by at most one)
-    n_micro = min(math.ceil(max(len(g) for g in groups) / micro_batch), min(len(g) for g in groups))
-    return [[g[j * len(g) // n_micro : (j + 1) * len(g) // n_micro] for j in range(n_micro)] for g in groups]
+    return [order[i * n // n_steps : (i + 1) * n // n_steps] for i in range(n_steps)]
+
+
+def rank_micro_batches(groups: list[list[int]], micro_batch: int, world: int = 1, rank: int = 0) -> list[list[list[int]]]:
+    """This rank's micro-batches of each step: step s's samples are cut into ``world`` near-equal contiguous shards
+    and shard ``rank`` into micro-batches of at most ``micro_batch``. Every step on every rank has the same number
+    of micro-batches (DeepSpeed's gradient-accumulation count is fixed per engine, and ranks step together) and
+    none is empty, so every step needs at least ``world`` samples.
+    """
+    if min(len(g) for g in groups) < world:
+        raise ValueError(f"an optimizer step has {min(len(g) for g in groups)} samples for {world} processes; "
+                         "use fewer processes or a larger step_batch")
+    shards = [[g[r * len(g) // world : (r + 1) * len(g) // world] for r in range(world)] for g in groups]
+    sizes = [len(s) for per_step in shards for s in per_step]
+    n_micro = min(math.ceil(max(sizes) / micro_batch), min(sizes))
+    return [[s[j * len(s) // n_micro : (j + 1) * len(s) // n_micro] for j in range(n_micro)]
+            for s in (per_step[rank] for per_step in shards)]
+
+
+def step_batches(n: int, step_batch: int | None, micro_batch: int, seed: int) -> list[list[list[int]]]:
+    """Sample indices per optimizer step, per micro-batch, in one process (see :func:`rank_micro_batches`)."""
+    return rank_micro_batches(step_groups(n, step_batch, seed), micro_batch)
 
 
 def _grad_norm(engine) -> float | None:
@@ -244,7 +289,9 @@ def _grad_norm(engine) -> float | None:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
 
 
-def _save_hf(engine, path: Path, profile: dict[str, Any]) -> None:
+def _save_hf(engine, path: Path, profile: dict[str, Any], rank: int) -> None:
+    """HF safetensors of the updated model, written by rank 0 (ZeRO-3 gathers the shards from every rank first)."""
     stage = int(profile.get("zero_optimization", {}).get("stage", 0))
     state = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else None
-    engine.module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+    if rank == 0:
+        engine.module.save_pretrained(str(path), state_dict=state, safe_serialization=True)
