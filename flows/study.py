@@ -25,7 +25,7 @@ from prefect.runtime import flow_run
 
 from flows.evaluate import compose_eval, evaluate_agents
 from flows.train_cycle import train_cycle
-from mars2.config import ConfigError, RunConfig, StudyConfig
+from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
 from mars2.eval.compare import comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
 from mars2.io import atomic_write_text
 from tasks import tracking
@@ -106,21 +106,31 @@ def prefixed(eval_metrics: dict[str, float]) -> dict[str, float]:
     return {f"eval/{k}": v for k, v in eval_metrics.items()}
 
 
+def pass_at_1_kind(evaluation: EvalConfig) -> str:
+    """How Pass@1 is measured: "greedy Pass@1", or "Pass@1 over 4 samples at T=0.5"."""
+    if evaluation.temperature <= 0:
+        return "greedy Pass@1"
+    return f"Pass@1 over {evaluation.n_samples} samples at T={evaluation.temperature:g}"
+
+
 def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.DataFrame, curves: pd.DataFrame,
                   overrides: list[str]) -> dict:
     out = Path(study.out_dir or Path(cfg.paths.root) / "study" / study.name)
     out.mkdir(parents=True, exist_ok=True)
     table = comparison_table(runs.to_dict(orient="records"))
     command = "python flows/study.py" + "".join(f" {shlex.quote(o)}" for o in overrides)
+    problems = "held-out" if cfg.eval.split == "eval" else "training (the ones the cycles train on)"
     text = (f"# Study `{study.name}`\n\nCommand: `{command}`  \nMLflow parent run: `{parent}`  \n"
-            f"Seeds: {list(study.seeds)}; Pass@1 = greedy Pass@1 of `{study.agent}`; Pass@1(MCTS) and Pass@N = the "
-            f"arm's team tree ({cfg.eval.max_nodes} nodes) on the held-out problems.\n\n{to_markdown(table)}")
+            f"Seeds: {list(study.seeds)}; Pass@1 = {pass_at_1_kind(cfg.eval)} of `{study.agent}`; Pass@1(MCTS) and "
+            f"Pass@N = the arm's team tree ({cfg.eval.max_nodes} nodes); all on the {problems} problems."
+            f"\n\n{to_markdown(table)}")
     atomic_write_text(out / "study.md", text)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     atomic_write_text(out / "curves.csv", curves.to_csv(index=False))
     plot_comparison(table, out / "comparison.png")
     if len(curves):
-        plot_learning_curves(curves, out / "learning_curves.png", ylabel=f"Pass@1 of {study.agent} (held-out)")
+        plot_learning_curves(curves, out / "learning_curves.png",
+                             ylabel=f"Pass@1 of {study.agent} ({'held-out' if cfg.eval.split == 'eval' else 'training'})")
     for f in sorted(out.iterdir()):
         tracking.log_table(cfg, parent, f, "study")
     print(text)

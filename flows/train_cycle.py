@@ -66,7 +66,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
             routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
                                  cycle)
             updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
-                                                        routed, cycle)
+                                                        routed, cycle, cfg.search.temperature)
                        for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
             weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
             if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:

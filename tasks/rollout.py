@@ -33,7 +33,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, mem
         from mars2.search.tree_stats import plot_trees, tree_stats
 
         train = pd.read_parquet(dataset.path("train.parquet"))
-        ids = cycle_subset(train["id"].tolist(), cycle if rotate else 0, max_problems)
+        ids = cycle_subset(train["id"].tolist(), cycle, max_problems, rotate)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
         runners = agent_runners(members, weights, agents, search.batch_size)
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,

@@ -20,11 +20,13 @@ MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks._agents
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True,
       task_run_name="update-{member.name}-c{cycle}")
 def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, profile: dict[str, Any],
-                  weights: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int) -> StageRecord:
+                  weights: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
+                  temperature: float = 1.0) -> StageRecord:
     """New weights (``model/``, safetensors), optimizer/scheduler/RNG state (``ds/``) and sample buffer of ``member``.
 
     ``member.processes > 1`` (``gpus`` or ``update_procs``): the step runs data parallel on that many torchrun ranks
-    (:mod:`mars2.train.launch`), the same update as one process makes.
+    (:mod:`mars2.train.launch`), the same update as one process makes. ``temperature``: the rollouts' sampling
+    temperature T; the policy trained is softmax(logits / T), the distribution the samples came from.
 
     The agent's buffer = samples carried over from earlier cycles + the samples routed to it now. When it holds
     at least ``train.train_batch`` samples the agent takes one step on all of them (computing their log-probs
@@ -57,7 +59,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                            min_lr=opt.min_lr, betas=tuple(opt.betas), weight_decay=opt.weight_decay,
                            warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, total_steps=train.total_steps,
                            dtype=member.dtype, seed=train.seed + cycle,
-                           step_batch=train.step_batch)
+                           step_batch=train.step_batch, temperature=temperature if temperature > 0 else 1.0)
         pad_id = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True).pad_token_id
         args = dict(model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),
                     prev_ds_dir=weights.resolve(prev_ds) if prev_ds else None, samples=samples, profile=profile, hp=hp,

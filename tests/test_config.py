@@ -70,6 +70,8 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
     (["agents.members.0.deepspeed=zero9"], "Profiles in conf/deepspeed/"),
     (["debug.fail_at=nowhere"], "is not a stage"),
     (["search.n_samples=0"], "n_samples"),
+    (["eval.split=test"], "eval.split='test' is unknown"),
+    (["agents.members.0.update_procs=0"], "update_procs=0 must be >= 1"),
 ])
 def test_bad_overrides_give_clear_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:

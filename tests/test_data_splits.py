@@ -113,3 +113,12 @@ def test_no_eval_problem_leaks_into_training_through_build_dataset(tmp_path: Pat
 def test_a_split_with_an_empty_side_is_an_error():
     with pytest.raises(ValueError, match="both sides"):
         build_dataset(_cfg(split="date", split_date="2030-01-01"))
+
+
+def test_cycles_visit_consecutive_windows_or_repeat_the_first():
+    from mars2.data.tables import cycle_subset
+
+    ids = [f"p{i}" for i in range(5)]
+    assert [cycle_subset(ids, c, 2) for c in range(3)] == [["p0", "p1"], ["p2", "p3"], ["p4", "p0"]]
+    assert [cycle_subset(ids, c, 2, rotate=False) for c in range(3)] == [["p0", "p1"]] * 3
+    assert cycle_subset(ids, 7, None) == ids and cycle_subset(ids, 7, 9, rotate=False) == ids

@@ -44,14 +44,19 @@ def test_generation_shapes_finish_reasons_and_seeded_determinism(tiny_model_dir)
     assert [[g.response_ids for g in gs] for gs in out] == [[g.response_ids for g in gs] for gs in again]
 
 
-def test_rollout_logprobs_match_the_trainers_logprobs(tiny_model_dir):
-    """At temperature 1 the sampler's log-probs must equal the training forward pass's (no spurious IS ratio)."""
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_rollout_logprobs_match_the_trainers_logprobs(tiny_model_dir, temperature):
+    """At any sampling temperature T the sampler's log-probs equal the training forward pass's log π_T (no spurious
+    IS ratio), and differ from the untempered log π when T != 1."""
     backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                for p in ("x", "print the maximum")]
-    gens = [g for gs in backend.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=10)) for g in gs]
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=10)
+    gens = [g for gs in backend.generate(prompts, params) for g in gs]
     batch = pack_batch([Sample(g.prompt_ids, g.response_ids, g.logprobs, 0.0) for g in gens], tok.pad_token_id)
     with torch.no_grad():
-        logp = token_logprobs(backend.model, batch["input_ids"], batch["attention_mask"])
+        logp = token_logprobs(backend.model, batch["input_ids"], batch["attention_mask"], temperature)
+        plain = token_logprobs(backend.model, batch["input_ids"], batch["attention_mask"])
     m = batch["mask"].bool()
     assert torch.allclose(logp[m], batch["rollout_logp"][m], atol=1e-4)
+    assert torch.allclose(plain[m], batch["rollout_logp"][m], atol=1e-4) == (temperature == 1.0)

@@ -31,10 +31,11 @@ def split_by_hash(ids: Sequence[str], eval_fraction: float, seed: int = 0) -> tu
     return train, held_out
 
 
-def cycle_subset(ids: Sequence[str], cycle: int, size: int | None) -> list[str]:
-    """The ``size`` problems used in ``cycle``: consecutive windows that wrap around, so every problem is visited."""
+def cycle_subset(ids: Sequence[str], cycle: int, size: int | None, rotate: bool = True) -> list[str]:
+    """The ``size`` problems used in ``cycle``: consecutive windows that wrap around, so every problem is visited;
+    ``rotate=False``: the first window in every cycle."""
     ids = list(ids)
     if size is None or size >= len(ids):
         return ids
-    start = (cycle * size) % len(ids)
+    start = (cycle * size) % len(ids) if rotate else 0
     return [ids[(start + i) % len(ids)] for i in range(size)]

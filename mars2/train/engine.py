@@ -52,6 +52,7 @@ class UpdateHParams:
     dtype: str = "float32"
     seed: int = 0
     step_batch: int | None = None  # samples per optimizer step; None = one step on all samples
+    temperature: float = 1.0  # rollout sampling temperature T: the trained policy is softmax(logits / T)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -136,9 +137,16 @@ def pack_batch(samples: list[Sample], pad_id: int, device: str | torch.device = 
                                                 rollout_logp=rollout, advantages=adv).items()}
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log π(x_{t+1} | x_{≤t}) for every position: [B, L] ids → [B, L−1] log-probs (float32)."""
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log π_T(x_{t+1} | x_{≤t}) for every position, π_T = softmax(logits / T): [B, L] ids → [B, L−1] (float32).
+
+    The policy that is trained is the one the rollouts sampled from: at rollout temperature T that is π_T (as in
+    verl), so the rollout log-probs, π_old and π_ref are all log π_T and the ratios start at 1.
+    """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
@@ -190,7 +198,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     old_logps = None
     if len(steps) > 1:
         with torch.no_grad():
-            old_logps = [token_logprobs(engine, b["input_ids"], b["attention_mask"])
+            old_logps = [token_logprobs(engine, b["input_ids"], b["attention_mask"], hp.temperature)
                          for b in (pack_batch(c, pad_id, engine.device) for c in chunks)]
     keys = ("loss", "pg_loss", "kl", "clip_frac", "tis_vetoed")
     totals = torch.zeros(len(keys), dtype=torch.float64)
@@ -200,9 +208,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
         for i, idx in enumerate(micro):
             chunk = chunks[k]
             batch = pack_batch(chunk, pad_id, engine.device)
-            logp = token_logprobs(engine, batch["input_ids"], batch["attention_mask"])
+            logp = token_logprobs(engine, batch["input_ids"], batch["attention_mask"], hp.temperature)
             with torch.no_grad():
-                ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"])
+                ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"], hp.temperature)
             old_logp = logp.detach() if old_logps is None else old_logps[k]
             if hp.loss == "gspo":
                 out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logp, batch["advantages"], batch["mask"],
