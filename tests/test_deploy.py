@@ -142,8 +142,8 @@ def _argument(hint, cfg, ctx: StageContext, rec: StageRecord):
     from mars2.config import AgentConfig
 
     members = cfg.agents.members
-    table = {StageContext: ctx, StageRecord: rec, AgentConfig: members[1], int: 1, str: "d" * 64, int | None: None,
-             list[AgentConfig]: members, dict[str, StageRecord]: {m.name: rec for m in members},
+    table = {StageContext: ctx, StageRecord: rec, AgentConfig: members[1], int: 1, float: 0.7, bool: False,
+             str: "d" * 64, int | None: None, list[AgentConfig]: members, dict[str, StageRecord]: {m.name: rec for m in members},
              dict[str, typing.Any]: cfg.deepspeed, dict[str, str]: {m.name: f"/ckpt/{m.name}" for m in members},
              dict[str, dict[str, str]]: {m.name: {"model.safetensors": "e" * 64} for m in members}}
     if hint in table:

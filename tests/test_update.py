@@ -117,13 +117,16 @@ def test_ranks_split_every_step_into_equal_numbers_of_micro_batches():
 
 
 @pytest.mark.slow
-def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path, zero_stage):
+    """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too."""
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=4)
     hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, total_steps=10, step_batch=4)
     args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
                 profile=PROFILE, hp=hp, pad_id=tok.pad_token_id, device="cpu")
     one = update_agent(out_dir=tmp_path / "one", **args)
+    args["profile"] = {"zero_optimization": {"stage": zero_stage}}
     two = launch_update(2, tmp_path / "job", out_dir=str(tmp_path / "two"), **args)
     assert two["processes"] == 2 and two["optimizer_steps"] == one["optimizer_steps"] == 2
     w1 = load_file(tmp_path / "one" / "model" / "model.safetensors")
