@@ -14,6 +14,7 @@ started is stopped at the end (≈ 3.5 min on 2 cores).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,20 +239,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Interrupt a process we started and its process group (a worker's flow-run children); kill if it lingers."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Interrupt processes we started and their process groups (a worker's flow-run children) together; kill the
+    ones still there after 15 s."""
+    def signal_all(sig) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+
+    signal_all(signal.SIGINT)
+    deadline = time.monotonic() + 15
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+    signal_all(signal.SIGKILL)
+    for proc in procs:
+        proc.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -289,8 +293,8 @@ def stack(tmp_path_factory):
             start(["prefect", "worker", "start", "--pool", pool, "--type", "process"], client_env, f"worker-{pool}.log")
         yield dict(tmp=tmp, api=api, env=client_env, home=Path(base["MARS2_HOME"]), register=reg.stdout)
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        _stop(procs[1:])  # the workers, then the server they talk to
+        _stop(procs[:1])
 
 
 def _sweep(stack, *args: str, timeout: int = 420) -> tuple[subprocess.CompletedProcess, list[str]]:

@@ -165,6 +165,10 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     ``hp.step_batch=None``: one step on all samples (π_old = the policy before the step). Otherwise the samples,
     in a seeded order, form ⌊n/step_batch⌋ near-equal batches and each takes one step; π_old is the policy
     before the first step for all of them (PPO-style), so later steps' ratios see how far the policy moved.
+
+    Under torchrun (:mod:`mars2.train.launch`) every rank calls this with all samples and trains on its shard of
+    each step (:func:`rank_micro_batches`); DeepSpeed all-reduces the gradients, metrics are summed over ranks, and
+    rank 0 writes ``model/`` while every rank writes its part of ``ds/``.
     """
     import deepspeed
     import torch.distributed as dist
