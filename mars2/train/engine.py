@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,19 +58,25 @@ def init_distributed() -> tuple[int, int]:
     """(rank, world size) of this process, with torch.distributed ready for DeepSpeed (gloo on CPU, nccl on GPU).
 
     Under ``torchrun`` (RANK/WORLD_SIZE/MASTER_* set by the launcher) it joins the launcher's group; alone, it makes
-    a one-process group on a free port, so DeepSpeed runs without its launcher. Idempotent.
+    a one-process group on an in-memory store, so DeepSpeed runs without its launcher and no port is taken (a free
+    port picked here could be taken by another process before the group binds it). Idempotent.
     """
     import torch.distributed as dist
 
+    launched = "WORLD_SIZE" in os.environ
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+    # DeepSpeed falls back to MPI discovery unless all of these are set; alone, nothing listens on MASTER_PORT
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29500"}.items():
         os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if not dist.is_initialized():
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if not launched:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -80,12 +85,6 @@ def rank_device(device: str, world: int) -> str:
     if world > 1 and device.startswith("cuda"):
         return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     return device
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deepspeed_config(profile: dict[str, Any], *, micro_batch: int, grad_accum: int, grad_clip: float) -> dict[str, Any]:
