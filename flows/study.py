@@ -119,7 +119,8 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
     out.mkdir(parents=True, exist_ok=True)
     table = comparison_table(runs.to_dict(orient="records"))
     command = "python flows/study.py" + "".join(f" {shlex.quote(o)}" for o in overrides)
-    problems = "held-out" if cfg.eval.split == "eval" else "training (the ones the cycles train on)"
+    held_out = cfg.eval.split == "eval"
+    problems = "held-out" if held_out else "training (the ones the cycles train on)"
     text = (f"# Study `{study.name}`\n\nCommand: `{command}`  \nMLflow parent run: `{parent}`  \n"
             f"Seeds: {list(study.seeds)}; Pass@1 = {pass_at_1_kind(cfg.eval)} of `{study.agent}`; Pass@1(MCTS) and "
             f"Pass@N = the arm's team tree ({cfg.eval.max_nodes} nodes); all on the {problems} problems."
@@ -130,7 +131,7 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
     plot_comparison(table, out / "comparison.png")
     if len(curves):
         plot_learning_curves(curves, out / "learning_curves.png",
-                             ylabel=f"Pass@1 of {study.agent} ({'held-out' if cfg.eval.split == 'eval' else 'training'})")
+                             ylabel=f"Pass@1 of {study.agent} ({'held-out' if held_out else 'training'})")
     for f in sorted(out.iterdir()):
         tracking.log_table(cfg, parent, f, "study")
     print(text)
