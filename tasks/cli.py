@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 
@@ -22,8 +23,15 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         check(overrides)
     except ConfigError as e:
         sys.exit(f"mars2: {getattr(e, 'label', 'config error')}: {e}")
+    # SIGTERM (a scheduler, `kill`) exits through Python's unwinding, so Prefect stops the temporary server it
+    # started; the default handler would leave that server running with no parent
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         flow(overrides)
     except Exception as e:
         sys.exit(f"mars2: the {what} failed: {type(e).__name__}: {e}\n"
                  "Fix the cause and run the same command again: finished stages come back from cache.")
+
+
+def _exit_on_sigterm(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)

@@ -1,5 +1,6 @@
 """Paradigm presets and per-agent buffers/checkpoints through the real CLI (slow)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -66,3 +67,28 @@ def test_update_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     files = done["files"]
     assert "model/model.safetensors" in files and any(f.startswith("ds/ckpt/") for f in files)
     assert done["metrics"]["update_step"] == 1
+
+
+def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_path):
+    """`kill <pid>` (or a scheduler's SIGTERM) must not leave the embedded Prefect server running without a parent."""
+    proc = subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, "train.cycles=3"], cwd=ROOT,
+                            env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:  # the server is up once a task has run
+            if "Task run 'data" in line:
+                break
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("processes of the killed run are still alive (the temporary Prefect server?)")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
