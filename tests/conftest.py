@@ -35,12 +35,3 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     model.save_pretrained(d)
     tiny_tokenizer.save_pretrained(d)
     return d
-
-
-# The longest files go first: with two workers taking whole files (`-n 2 --dist loadfile`), one of them started
-# last would run alone at the end (measured: 14:20 against 11:58 with it early).
-LONGEST_FIRST = ("test_learning.py", "test_flow_e2e.py")
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)
