@@ -35,3 +35,20 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     model.save_pretrained(d)
     tiny_tokenizer.save_pretrained(d)
     return d
+
+
+@pytest.fixture
+def run_flow_cli(tmp_path):
+    """Run ``flows/<script> <overrides>`` in a fresh run folder (``tmp_path``), offline, with no tracking/API server
+    from the environment; returns the completed process."""
+    import subprocess
+
+    def run(script: str, *overrides: str, timeout: int = 900):
+        env = {**os.environ, "MARS2_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        env.pop("PREFECT_API_URL", None)
+        root = Path(__file__).resolve().parents[1]
+        return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run

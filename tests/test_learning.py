@@ -4,24 +4,14 @@ seed (``flows/study.py study=learning``: real bootstrap, rollouts, sandboxed gra
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_team_pass_at_1_rises_after_mars2_cycles_on_every_seed(tmp_path):
-    env = {**os.environ, "MARS2_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    r = subprocess.run([sys.executable, "flows/study.py", "study=learning"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=1400)
+def test_team_pass_at_1_rises_after_mars2_cycles_on_every_seed(tmp_path, run_flow_cli):
+    r = run_flow_cli("study.py", "study=learning", timeout=1400)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = list(csv.DictReader((tmp_path / "study" / "learning" / "runs.csv").open()))
     before = {row["seed"]: float(row["pass_at_1"]) for row in runs if row["arm"] == "base"}

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import csv
-import os
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from mars2.config import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_study_config_composes_and_checks_equal_budgets():
@@ -31,12 +25,8 @@ def test_study_config_composes_and_checks_equal_budgets():
 
 
 @pytest.mark.slow
-def test_smoke_study_runs_every_arm_under_one_parent(tmp_path):
-    env = {**os.environ, "MARS2_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    r = subprocess.run([sys.executable, "flows/study.py", "study=smoke"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900)
+def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
+    r = run_flow_cli("study.py", "study=smoke")
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "study" / "smoke"
     runs = list(csv.DictReader((out / "runs.csv").open()))
