@@ -25,6 +25,8 @@ def configure_process() -> None:
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "DS_BUILD_OPS": "0",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the embedded server's first start in a run folder registers every block type (~2 s); no stage uses blocks
+        "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
         # the embedded server needs more than Prefect's 20 s to start on a loaded 2-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "DO_NOT_TRACK": "1",
