@@ -5,7 +5,8 @@
 (a) ``run_tree_search`` builds one tree per problem with two tiny agents (Qwen2- and Llama-style),
     grading every node on public tests in the sandbox; (b) each agent's backend generates from exactly the
     prompts the search sent it, in one ``generate`` call. Prints generated tokens/s of both and the ratio
-    (search / raw); the search pays for waves (one node per tree per wave), prompt building and grading.
+    (search / raw); the search pays for waves (one node per tree per wave), prompt building and grading (on a CPU
+    backend in turn with generation, which shares the cores; see ``grading_overlaps_generation``).
 """
 
 from __future__ import annotations

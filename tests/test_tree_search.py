@@ -115,3 +115,44 @@ def test_several_expansions_per_wave_halve_the_waves(setup):
     assert nodes["wave"].max() == 2  # waves of 2, 2, 1 expansions
     assert (nodes["parent"] < nodes["node_id"]).all()
     assert (nodes[nodes["wave"] == 0]["parent"] == -1).all()  # the first wave can only generate at the root
+
+
+class TimedBackend:
+    """Records when each generate call ran; ``uses_host_cpu`` says where it pretends to generate."""
+
+    def __init__(self, inner, log, name, uses_host_cpu):
+        self.inner, self.log, self.name, self.uses_host_cpu = inner, log, name, uses_host_cpu
+
+    def generate(self, prompts, params):
+        import time
+
+        t0 = time.perf_counter()
+        out = self.inner.generate(prompts, params)
+        time.sleep(0.05)
+        self.log.append(("generate", t0, time.perf_counter()))
+        return out
+
+
+@pytest.mark.parametrize("host_cpu", [True, False])
+def test_grading_overlaps_generation_only_off_the_host_cpu(setup, host_cpu):
+    import time
+
+    problems, agents, rows, _, grade = setup
+    log = []
+
+    def timed_grade(jobs):
+        t0 = time.perf_counter()
+        out = grade(jobs)
+        time.sleep(0.05)
+        log.append(("grade", t0, time.perf_counter()))
+        return out
+
+    timed = {n: AgentRunner(TimedBackend(a.backend, log, n, host_cpu), a.tokenizer, a.role_prompt)
+             for n, a in agents.items()}
+    again = run_tree_search(problems, timed, policy=ABMCTSA(), max_nodes=4,
+                            sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1), grade=timed_grade, seed=0)
+    assert pd.DataFrame(again).equals(pd.DataFrame(rows))  # the same trees either way
+    gens = [(a, b) for kind, a, b in log if kind == "generate"]
+    grades = [(a, b) for kind, a, b in log if kind == "grade"]
+    overlapping = sum(1 for g0, g1 in grades for s0, s1 in gens if g0 < s1 and s0 < g1)
+    assert (overlapping == 0) if host_cpu else (overlapping > 0)

@@ -33,6 +33,12 @@ class Generation:
 
 
 class GenerationBackend(Protocol):
+    """A batch of prompts in, generations with token ids and sampled-token log-probs out.
+
+    A backend that generates on the host's CPU sets ``uses_host_cpu = True``; the tree search then grades in turn
+    with generation instead of beside it (the sandbox pool needs the same cores).
+    """
+
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
         """For each prompt (already chat-formatted text), ``params.n`` generations."""
         ...

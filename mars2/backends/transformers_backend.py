@@ -14,6 +14,7 @@ class TransformersBackend:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
+        self.uses_host_cpu = str(device).startswith("cpu")  # see tree_search.grading_overlaps_generation
         self.batch_size = batch_size
         self.progress = progress
         if tokenizer.pad_token_id is None:
