@@ -1,5 +1,7 @@
 """Batched multi-tree search with real tiny models and the real sandbox grader."""
 
+import time
+
 import pandas as pd
 import pytest
 
@@ -120,12 +122,10 @@ def test_several_expansions_per_wave_halve_the_waves(setup):
 class TimedBackend:
     """Records when each generate call ran; ``uses_host_cpu`` says where it pretends to generate."""
 
-    def __init__(self, inner, log, name, uses_host_cpu):
-        self.inner, self.log, self.name, self.uses_host_cpu = inner, log, name, uses_host_cpu
+    def __init__(self, inner, log, uses_host_cpu):
+        self.inner, self.log, self.uses_host_cpu = inner, log, uses_host_cpu
 
     def generate(self, prompts, params):
-        import time
-
         t0 = time.perf_counter()
         out = self.inner.generate(prompts, params)
         time.sleep(0.05)
@@ -135,8 +135,6 @@ class TimedBackend:
 
 @pytest.mark.parametrize("host_cpu", [True, False])
 def test_grading_overlaps_generation_only_off_the_host_cpu(setup, host_cpu):
-    import time
-
     problems, agents, rows, _, grade = setup
     log = []
 
@@ -147,7 +145,7 @@ def test_grading_overlaps_generation_only_off_the_host_cpu(setup, host_cpu):
         log.append(("grade", t0, time.perf_counter()))
         return out
 
-    timed = {n: AgentRunner(TimedBackend(a.backend, log, n, host_cpu), a.tokenizer, a.role_prompt)
+    timed = {n: AgentRunner(TimedBackend(a.backend, log, host_cpu), a.tokenizer, a.role_prompt)
              for n, a in agents.items()}
     again = run_tree_search(problems, timed, policy=ABMCTSA(), max_nodes=4,
                             sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1), grade=timed_grade, seed=0)
