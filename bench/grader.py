@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                          in zip(programs, lcb_pass, ours_pass, lcb_status, ours_status) if lp != op]
         for d in disagreements[:15]:
             print(f"    differs: {d['id']}: LCB harness {d['lcb']}, ours {d['ours']}")
-        report[parity] = {"seconds": s, "startup_seconds": startup, "programs_per_s": len(programs) / s,
+        report.setdefault("ours", {})[parity] = {"seconds": s, "startup_seconds": startup, "programs_per_s": len(programs) / s,
                           "speedup": lcb_s / s, "speedup_with_startup": lcb_s / (s + startup),
                           "agreement": agree, "passed": sum(ours_pass), "isolation": level,
                           "disagreements": disagreements}

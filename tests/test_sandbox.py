@@ -208,6 +208,49 @@ def test_lcb_mode_fails_on_a_blank_functional_line_script_mode_skips_it():
     assert script.all_passed and lcb.status == "RE" and "blank line" in lcb.detail
 
 
+
+OPEN_READERS = {
+    "read": "print(open(0).read().split())",
+    "readline_twice": "f = open(0)\nprint(f.readline(), f.readline())",
+    "readlines": "print(open(0).readlines())",
+    "iterate": "print([line for line in open(0)])",
+    "with_and_next": "with open(0) as f:\n    print(next(f), f.read())",
+    "open_twice": "print(open(0).readline(), open(0).readline(), open.call_count)",
+    "calls_seen": "open('x', 'r').read()\nprint(open.call_args, open().read.call_count)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN_READERS))
+def test_premade_open_mock_acts_as_a_fresh_mock_open(name):
+    """parity=lcb serves LiveCodeBench's per-test mock_open() from ones made ahead in the zygote: a
+    program reading through ``open`` must see exactly what LiveCodeBench's fresh one gives it (trusted
+    code, run in-process on purpose: this checks the mock, not the sandbox)."""
+    from unittest.mock import mock_open
+
+    from mars2.sandbox import lcb_reference as lcb
+    from mars2.sandbox._runner import premade_open_mock
+
+    code = compile(OPEN_READERS[name], name, "exec")
+    inputs = "3 4\nfive six\n\nseven"
+    premade = mock_open()
+    mock_open()  # another one made in between must not share its state
+    seen = []
+    for open_mock in (None, premade_open_mock(premade, inputs)):
+        with lcb.Capturing() as out:
+            lcb.call_method(lambda: exec(code, {}), inputs, open_mock)
+        seen.append(out[0])
+    assert seen[0] == seen[1] and seen[0].strip()
+
+
+def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
+    from mars2.sandbox._runner import PREMADE_OPEN_MOCKS
+
+    tests = [stdin_case(f"{i} {i}", f"{i}\n") for i in range(PREMADE_OPEN_MOCKS + 4)]
+    # LiveCodeBench patches builtins.open (its preamble binds the program's own `open` to the real one)
+    verdict = grade_program("import builtins\nx = builtins.open(0).read().strip()\nprint(x, x)\n", tests, parity="lcb",
+                            stop_at_first_failure=False)
+    assert (verdict.status, verdict.passed) == ("AC", len(tests)), verdict
+
 # --- failures other than wrong answers -------------------------------------------------------------
 
 

@@ -15,8 +15,10 @@ programs (benchmarks, fixtures). Nothing in the pipeline calls it.
 
 Differences from the original, none of which changes a verdict: the ``debug`` printing is gone,
 ``sys.set_int_max_str_digits(50000)`` (a module-level side effect of the original
-``compute_code_generation_metrics``) is applied in the pool's worker initialiser, and results come
-back as plain lists.
+``compute_code_generation_metrics``) is applied in the pool's worker initialiser, results come
+back as plain lists, and :func:`call_method` takes an optional ``open_mock``: a ``mock_open()``
+already configured with the test's input (the sandbox builds them ahead, see
+``_runner.premade_open_mock``; by default one is made here, as in the original).
 """
 
 from __future__ import annotations
@@ -147,13 +149,13 @@ def make_function(code: str) -> str:
         return code
 
 
-def call_method(method, inputs):
+def call_method(method, inputs, open_mock=None):
     if isinstance(inputs, list):
         inputs = "\n".join(inputs)
     inputs_line_iterator = iter(inputs.split("\n"))
     mock_stdin = MockStdinWithBuffer(inputs)
 
-    @patch("builtins.open", mock_open(read_data=inputs))
+    @patch("builtins.open", mock_open(read_data=inputs) if open_mock is None else open_mock)
     @patch("sys.stdin", mock_stdin)
     @patch("sys.stdin.readline", lambda *args: next(inputs_line_iterator))
     @patch("sys.stdin.readlines", lambda *args: inputs.split("\n"))
