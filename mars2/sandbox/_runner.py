@@ -6,9 +6,10 @@ weaker isolation level); never imported by the grader except for :func:`probe` (
 only the standard library plus :mod:`lcb_reference` (LiveCodeBench's own harness code, for
 ``parity=lcb``), found next to this file.
 
-Process model. The zygote starts once per worker slot, imports LiveCodeBench's preamble modules (and
-``unittest.mock`` for ``parity=lcb``), then serves requests from the grader on its stdin/stdout pipes
-(length-prefixed frames, see :func:`read_frame`): a program, then its tests one at a time. The zygote
+Process model. The zygote starts once per worker slot, imports LiveCodeBench's preamble modules (and,
+when the first ``parity=lcb`` program comes, LiveCodeBench's harness, ``unittest.mock`` and numpy),
+then serves requests from the grader on its stdin/stdout pipes (length-prefixed frames, see
+:func:`read_frame`): a program, then its tests one at a time. The zygote
 never executes program code; it forks a *test process* that
 
 1. gets its own scratch directory, stdin/stdout/stderr files, and no other descriptor;
@@ -39,6 +40,7 @@ sandbox: the grader compares.
 import errno
 import fcntl
 import json
+import mmap
 import os
 import resource
 import select
@@ -49,6 +51,7 @@ import time
 
 FRAME = struct.Struct("<II")
 _dumps = json.dumps  # bound once: a program patching json in its own process does not break our records
+_mmap = mmap.mmap
 MAX_HEADER = 1 << 20
 MAX_PAYLOAD = 1 << 30
 RECORD_CAP = 64 * 1024
@@ -547,8 +550,7 @@ class Zygote:
         import types  # noqa: F401
 
         self.lcb = None
-        if cfg.get("preload_lcb", True):
-            self._lcb()
+        self.open_mocks = []
         seccomp_on = cfg.get("seccomp", False)
         shared_uid = self.uid is None  # tests run as our own uid: keep them from signalling us
         program = seccomp_program(no_process_creation=cfg.get("deny_fork", False),
@@ -568,33 +570,30 @@ class Zygote:
         gc.freeze()
         self.program = None
 
-    def _lcb(self):
-        if self.lcb is None:
-            import lcb_reference  # noqa: F401 - LiveCodeBench's code (mounted next to this file)
-            import unittest.mock  # noqa: F401
+    def _load_lcb(self):
+        """LiveCodeBench's harness, loaded the first time a ``parity=lcb`` program comes (a zygote serving
+        only script programs stays smaller, and forks faster): ``lcb_reference`` and ``unittest.mock``;
+        numpy, which LiveCodeBench's process has imported before its reliability_guard (testing_util
+        imports it) and which cannot be imported after the guard; and the premade ``mock_open()``s."""
+        if self.lcb is not None:
+            return self.lcb
+        import lcb_reference  # LiveCodeBench's code (mounted next to this file)
+        from unittest.mock import mock_open
 
-            self.lcb = lcb_reference
+        try:
+            import numpy  # noqa: F401
+        except Exception:
+            pass
+        # LiveCodeBench makes a mock_open() per stdin test (~1.4 ms, more than half a trivial test's
+        # cost): make them here once; each test process uses its own copies, fresh, one per test
+        self.open_mocks = [mock_open() for _ in range(PREMADE_OPEN_MOCKS)]
+        self.lcb = lcb_reference
+        self.base_vm = _vm_size()  # a program's address-space allowance comes on top of what we map
+        import gc
+
+        gc.collect()
+        gc.freeze()
         return self.lcb
-
-    def _lcb_numpy(self):
-        """LiveCodeBench's process has numpy imported before its reliability_guard (testing_util
-        imports it), and numpy cannot be imported after the guard: import it the first time a
-        parity=lcb program runs."""
-        if not getattr(self, "lcb_numpy_done", False):
-            self.lcb_numpy_done = True
-            try:
-                import numpy  # noqa: F401
-            except Exception:
-                pass
-            from unittest.mock import mock_open
-
-            # LiveCodeBench makes a mock_open() per stdin test (~1.4 ms, more than half a trivial test's
-            # cost): make them here once; each test process uses its own copies, fresh, one per test
-            self.open_mocks = [mock_open() for _ in range(PREMADE_OPEN_MOCKS)]
-            import gc
-
-            gc.collect()
-            gc.freeze()
 
     # ---- protocol -------------------------------------------------------------------------------
 
@@ -654,7 +653,7 @@ class Zygote:
                 module.__builtins__ = builtins
                 program["module"] = module
         elif program["parity"] == "lcb":
-            self._lcb_numpy()
+            self._load_lcb()
         self.program = program
         write_frame(self.ctl_out, reply)
 
@@ -811,7 +810,9 @@ class Zygote:
         sys.modules[module.__name__] = module
         sys.argv = [PROGRAM_NAME]
         namespace = module.__dict__
-        reserve = bytearray(1 << 20)
+        # address space to give back on MemoryError so the error can still be formatted (an mmap, not a
+        # bytearray: zero-filling 1 MiB faulted in 256 pages, ~0.8 ms a test)
+        reserve = _mmap(-1, 1 << 20)
         record = {"status": "ok"}
         value = None
         try:
@@ -837,7 +838,7 @@ class Zygote:
                     value = list(value)
             _join_threads(threading)
         except MemoryError as exc:
-            del reserve
+            reserve.close()
             try:
                 record = {"status": "MLE", "error": format_error(exc)}
             except MemoryError:
@@ -1356,7 +1357,7 @@ class Zygote:
             signal.alarm(0)
 
     def _lcb_stdio(self, lcb, method, text, timeout):
-        open_mock = premade_open_mock(self.open_mocks.pop(), text) if getattr(self, "open_mocks", None) else None
+        open_mock = premade_open_mock(self.open_mocks.pop(), text) if self.open_mocks else None
         signal.alarm(timeout)
         error = None
         with lcb.Capturing() as captured:

@@ -198,7 +198,7 @@ class Slot:
         self.log_path = os.path.join(self.tmp_dir, "zygote.log")
         cfg: dict[str, Any] = {
             "uid": uid, "gid": uid, "sys_path": isolation.site_paths(), "env": isolation.CHILD_ENV,
-            "seccomp": bool(probe.get("seccomp")), "preload_lcb": True,
+            "seccomp": bool(probe.get("seccomp")),
         }
         if pool.level == "bwrap":
             cfg.update(pidns=True, scratch_root=isolation.SCRATCH_IN_BWRAP, deny_fork=False)
