@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if bound is not None:
             print(f"{'':<52} ({len(stats['long_cpu'])} tests ran {LONG_TEST_S:g} s of CPU or more, {long_cpu:.1f} s "
                   f"together: that alone keeps {args.workers} workers busy {long_cpu / args.workers:.1f} s in any "
-                  f"harness, so none can be more than ~{bound:.1f}x faster than LiveCodeBench's here)")
+                  f"harness, so none can be much more than {bound:.1f}x faster than LiveCodeBench's here)")
         disagreements = [{"id": p["id"], "lcb": ls, "ours": os_} for p, lp, op, ls, os_
                          in zip(programs, lcb_pass, ours_pass, lcb_status, ours_status) if lp != op]
         for d in disagreements[:15]:
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "isolation": level, "long_tests": len(stats["long_cpu"]), "long_tests_cpu_seconds": long_cpu,
             "speedup_bound": bound, "disagreements": disagreements}
         sys.stdout.flush()
-    if args.split_at is not None and times:
+    if args.split_at is not None and parities:
         heavy = [p for p, t in zip(programs, times) if t >= args.split_at]
         light = [p for p, t in zip(programs, times) if t < args.split_at]
         report["split"] = {"seconds": args.split_at, "heavy": [p["id"] for p in heavy]}
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 agree = sum(a == b for a, b in zip(l_pass, o_pass))
                 print(f"  {'mars2.sandbox parity=' + parity:<50} {o_s:8.1f} s {len(subset) / o_s:8.1f} programs/s   "
                       f"speed-up {l_s / o_s:5.2f}x   same pass/fail {agree}/{len(subset)}")
-                entry[parity] = {"seconds": o_s, "speedup": l_s / o_s, "agreement": agree}
+                entry.setdefault("ours", {})[parity] = {"seconds": o_s, "speedup": l_s / o_s, "agreement": agree}
             report["split"][name] = entry
             sys.stdout.flush()
     if args.json:

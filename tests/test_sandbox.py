@@ -242,6 +242,29 @@ def test_premade_open_mock_acts_as_a_fresh_mock_open(name):
     assert seen[0] == seen[1] and seen[0].strip()
 
 
+
+def test_lcb_mode_fails_where_livecodebench_does_when_a_program_breaks_what_its_mock_open_needs():
+    """The premade mock_open() is turned into the test's one inside the test process; when the program broke
+    what that needs (here io.StringIO, in its first test), the next test must fail as in LiveCodeBench (where
+    mock_open() raises inside the test), not be retried in a fresh process and pass."""
+    from mars2.sandbox import lcb_reference as lcb
+
+    code = "import io\nx = input()\nprint(x)\nio.StringIO = None\n"
+    tests = [stdin_case("1", "1\n"), stdin_case("2", "2\n"), stdin_case("3", "3\n")]
+    [(reference, _)] = lcb.evaluate_generations([lcb.lcb_sample(tests, None)], [code], num_process_evaluate=1)
+    ours = grade_program(code, tests, parity="lcb")
+    assert reference == [True, -4]
+    assert (ours.status, ours.passed) == ("RE", 1), ours
+
+
+@pytest.mark.parametrize("memory_mb", [124, 128, 132, 160])
+def test_lcb_mode_gives_a_verdict_when_the_input_fills_memory_before_the_program_starts(memory_mb):
+    """A 20 MB input near the memory cap: making the test's mock_open() may itself run out of memory. That is the
+    test's failure (as in LiveCodeBench, where it happens inside the test), never a sandbox fault."""
+    tests = [stdin_case("20000000", "1 " * 10_000_000 + "\n")]
+    verdict = grade_program("print(len(input()))\n", tests, parity="lcb", memory_mb=memory_mb)
+    assert verdict.status in ("AC", "MLE", "RE"), verdict
+
 def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
     from mars2.sandbox._runner import PREMADE_OPEN_MOCKS
 
