@@ -1361,8 +1361,8 @@ class Zygote:
         if self.open_mocks:
             try:
                 open_mock = premade_open_mock(self.open_mocks.pop(), text)
-            except Exception:  # (a MemoryError, or the program broke io): call_method makes a fresh one and
-                pass  # fails there, inside the test, as LiveCodeBench does
+            except Exception:  # (a MemoryError, the program broke io, another mock_open): call_method makes a
+                pass  # fresh one and fails there, if it must, inside the test as LiveCodeBench does
         signal.alarm(timeout)
         error = None
         with lcb.Capturing() as captured:
@@ -1571,13 +1571,10 @@ def premade_open_mock(mock, read_data):
     """``mock``, a ``unittest.mock.mock_open()`` made ahead of time and never used, turned into what
     ``mock_open(read_data=read_data)`` returns: its ``reset_data`` closure (the side effect each ``open()``
     call runs) gets the data in its ``read_data`` cell, and running it once puts the handle's stream and
-    readline generator where a fresh mock has them. ``None`` when this Python's ``mock_open`` is built
-    differently (the caller then makes a fresh one)."""
+    readline generator where a fresh mock has them. Raises (``ValueError``, ...) when this Python's
+    ``mock_open`` is built differently."""
     reset = mock.side_effect
-    try:
-        cell = reset.__closure__[reset.__code__.co_freevars.index("read_data")]
-    except (AttributeError, TypeError, ValueError, IndexError):
-        return None
+    cell = reset.__closure__[reset.__code__.co_freevars.index("read_data")]
     cell.cell_contents = read_data
     reset()
     return mock
