@@ -106,10 +106,17 @@ class DataConfig:
     end_date: str | None = None
     n_problems: int = 64  # toy: number of generated problems
     seed: int = 0
-    split: str = "hash"  # hash (eval_fraction, seed) | date (split_date) | ids (eval_ids_file)
+    split: str = "hash"  # hash (eval_fraction, seed) | date (split_date) | ids (eval_ids_file) | source (eval_*)
     eval_fraction: float = 0.25  # split=hash: share of problems held out for evaluation (by id hash)
     split_date: str | None = None  # split=date: contest on or after this day (YYYY-MM-DD) → eval, before → train
     eval_ids_file: str | None = None  # split=ids: file of eval problem ids (one per line, or a JSON list)
+    # split=source: held-out problems from their own source (train on DeepCoder records, evaluate on LCB v6); every
+    # problem of data.source trains, minus those whose statement is also an eval problem's
+    eval_source: str | None = None  # toy | lcb | deepcoder | humaneval
+    eval_path: str | None = None
+    eval_release: str | None = None  # lcb: release tag of the eval files
+    eval_start_date: str | None = None  # YYYY-MM-DD window on the eval side (LCB v6: 2025-01-01 .. 2025-05-01)
+    eval_end_date: str | None = None
     reject_fatal: bool = False  # fail the data stage if any row is rejected (else rejects go to rejected.parquet)
     max_train_problems: int | None = 16  # cap per cycle (CPU budget); null = all
     rotate_train: bool = True  # each cycle takes the next max_train_problems; false: the same first ones every cycle

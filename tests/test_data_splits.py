@@ -122,3 +122,33 @@ def test_cycles_visit_consecutive_windows_or_repeat_the_first():
     assert [cycle_subset(ids, c, 2) for c in range(3)] == [["p0", "p1"], ["p2", "p3"], ["p4", "p0"]]
     assert [cycle_subset(ids, c, 2, rotate=False) for c in range(3)] == [["p0", "p1"]] * 3
     assert cycle_subset(ids, 7, None) == ids and cycle_subset(ids, 7, 9, rotate=False) == ids
+
+
+def test_eval_from_its_own_source_with_a_window_and_statement_dedup(tmp_path: Path):
+    """split=source: train on DeepCoder-style records, evaluate on an LCB release window; a training record with an
+    eval problem's statement under another id is dropped from training."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    from mars2.data.files import read_rows
+    from mars2.data.lcb import load_problems
+
+    lcb_problems, _ = load_problems(read_rows(fixtures / "lcb" / "test.jsonl"), source="test.jsonl")
+    leaked = lcb_problems[0]
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text((fixtures / "deepcoder" / "train.jsonl").read_text().rstrip("\n") + "\n" + json.dumps(
+        {"id": "leak-1", "prompt": leaked.statement, "label": {"inputs": ["1\n"], "outputs": ["1\n"]}}) + "\n")
+    cfg = SimpleNamespace(source="deepcoder", path=str(train_file), release=None, start_date=None, end_date=None,
+                          n_problems=0, seed=0, split="source", eval_fraction=0.25, split_date=None, eval_ids_file=None,
+                          reject_fatal=False, eval_source="lcb", eval_path=str(fixtures / "lcb"),
+                          eval_release="release_v1", eval_start_date=None, eval_end_date=None)
+    ds = build_dataset(cfg)
+    assert {p.id for p in ds.eval} == {p.id for p in lcb_problems}  # release_v1 = test.jsonl's valid rows
+    assert "leak-1" not in {p.id for p in ds.train} and ds.summary["dropped"]["train_duplicates_of_eval"] == 1
+    assert ds.summary["eval_source"]["source"] == "lcb"
+    assert len(ds.summary["files"]) == 2  # both sides' files key the data stage
+    dates = sorted(p.contest_date for p in lcb_problems)
+    windowed = build_dataset(replace_ns(cfg, eval_start_date=dates[-1][:10]))
+    assert {p.contest_date for p in windowed.eval} == {d for d in dates if d[:10] >= dates[-1][:10]}
+
+
+def replace_ns(ns: SimpleNamespace, **kw) -> SimpleNamespace:
+    return SimpleNamespace(**{**vars(ns), **kw})

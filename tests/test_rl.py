@@ -139,3 +139,30 @@ def test_tree_group_advantage_zero_mean_and_flat_tree():
     adv = tree_group_advantage([1.5, -0.25, -0.25, 0.0])
     assert sum(adv) == pytest.approx(0.0, abs=1e-9)
     assert tree_group_advantage([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+
+
+def test_tree_rewards_shapes_then_penalises_then_normalises():
+    from mars2.rl import tree_rewards
+
+    # root children 0 and 1; node 2 refines 0. correct = [0, 1, 1]; node 1 overruns by 10 of a 20-token buffer
+    parent, correct, lengths = [-1, -1, 0], [0.0, 1.0, 1.0], [10, 90, 10]
+    reward, adv, flat = tree_rewards(parent, correct, lengths, max_len=100, overlong_buffer=20)
+    # shaped: node 0: 0 + .5(0 − 1) = −.5; node 1: 1 + .5(1 − 0) = 1.5; node 2 (only child, r_p 0): 1 + .5(1 − 0) = 1.5
+    # then the penalty: node 1 loses 10/20
+    assert reward == pytest.approx([-0.5, 1.0, 1.5])
+    mean = sum(reward) / 3
+    std = (sum((r - mean) ** 2 for r in reward) / 2) ** 0.5
+    assert adv == pytest.approx([(r - mean) / (std + 1e-9) for r in reward])
+    assert flat is False
+    off, _, _ = tree_rewards(parent, correct, lengths, max_len=100, overlong_buffer=20, shaping=False)
+    assert off == pytest.approx([0.0, 0.5, 1.0])
+
+
+def test_tree_rewards_flat_on_correctness_even_with_penalties():
+    from mars2.rl import tree_rewards
+
+    reward, adv, flat = tree_rewards([-1, -1], [0.0, 0.0], [100, 10], max_len=100, overlong_buffer=20)
+    assert flat is True and reward == [-1.0, 0.0]
+    assert adv[0] < 0 < adv[1]  # still informative about length, but a filter on flat trees drops it
+    with pytest.raises(ValueError, match="2 nodes"):
+        tree_rewards([-1, -1], [0.0], [1, 1], max_len=10, overlong_buffer=0)

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mars2.data.deepcoder import load_deepcoder
@@ -45,7 +46,7 @@ __all__ = [
 SOURCES = ("toy", "lcb", "deepcoder", "humaneval")
 #: Old names still accepted for ``data.source``.
 SOURCE_ALIASES = {"lcb_jsonl": "lcb"}
-SPLITS = ("hash", "date", "ids")
+SPLITS = ("hash", "date", "ids", "source")
 REJECT_COLUMNS = ["source", "line", "question_id", "error"]
 _SHOWN_REJECTS = 5
 
@@ -82,11 +83,26 @@ def _source_files(data: Any) -> list[Path]:
     return data_files(data.path, release=data.release if source == "lcb" else None)
 
 
+EVAL_SIDE_FIELDS = {"source": "eval_source", "path": "eval_path", "release": "eval_release",
+                    "start_date": "eval_start_date", "end_date": "eval_end_date"}
+
+
+def eval_side(data: Any) -> SimpleNamespace:
+    """``split=source``: the held-out problems come from their own source (``data.eval_source``, ``eval_path``,
+    ``eval_release``, ``eval_start_date``, ``eval_end_date``), e.g. train on DeepCoder records, evaluate on LCB v6."""
+    return SimpleNamespace(**{k: getattr(data, v) for k, v in EVAL_SIDE_FIELDS.items()}, n_problems=data.n_problems,
+                           seed=data.seed, split="hash", eval_fraction=0.5, split_date=None, eval_ids_file=None,
+                           reject_fatal=data.reject_fatal)
+
+
 def input_files(data: Any) -> list[Path]:
-    """Every file the dataset depends on: the source files, and the eval id list for ``split=ids``."""
+    """Every file the dataset depends on: the source files, the eval source's (``split=source``) and the eval id
+    list (``split=ids``)."""
     files = _source_files(data)
     if data.split == "ids" and data.eval_ids_file:
         files.append(Path(data.eval_ids_file))
+    if data.split == "source":
+        files += _source_files(eval_side(data))
     return files
 
 
@@ -133,12 +149,9 @@ def _split(problems: list[Problem], data: Any) -> tuple[list[str], list[str], li
     raise ValueError(f"data.split={data.split!r} is unknown; allowed: {', '.join(SPLITS)}")
 
 
-def build_dataset(data: Any) -> Dataset:
-    """Load, validate, select, split and summarise (see the module docstring).
-
-    Raises :class:`DatasetRejectsError` when rows were rejected and ``data.reject_fatal`` is set, and
-    ``ValueError`` when nothing is left to train or evaluate on.
-    """
+def _load_window(data: Any) -> tuple[list[Problem], list[dict[str, Any]], dict[str, str] | None, list[Path],
+                                     dict[str, int]]:
+    """Load one source and keep its contest-date window; ``window`` counts loaded, outside_window, undated."""
     problems, rejected, refs, files = _load(data)
     if rejected and data.reject_fatal:
         _raise_rejects(rejected, len(problems))
@@ -147,12 +160,38 @@ def build_dataset(data: Any) -> Dataset:
     loaded = len(problems)
     problems, window = filter_by_date(problems, data.start_date, data.end_date)
     if not problems:
-        raise ValueError(f"data: none of the {loaded} problems lies in the window {data.start_date}..{data.end_date} "
-                         f"({window['undated']} have no contest date)")
-    train_ids, eval_ids, missing = _split(problems, data)
-    by_id = {p.id: p for p in problems}
-    held_out = [by_id[i] for i in eval_ids]
-    train, duplicates = drop_train_duplicates([by_id[i] for i in train_ids], held_out)
+        raise ValueError(f"data: none of the {loaded} problems of {data.source} {data.path or ''} lies in the window "
+                         f"{data.start_date}..{data.end_date} ({window['undated']} have no contest date)")
+    return problems, rejected, refs, files, {"loaded": loaded, **window}
+
+
+def build_dataset(data: Any) -> Dataset:
+    """Load, validate, select, split and summarise (see the module docstring).
+
+    Raises :class:`DatasetRejectsError` when rows were rejected and ``data.reject_fatal`` is set, and
+    ``ValueError`` when nothing is left to train or evaluate on.
+    """
+    problems, rejected, refs, files, window = _load_window(data)
+    loaded = window["loaded"]
+    missing: list[str] = []
+    if data.split == "source":  # held-out problems from their own source; every main-source problem may train
+        side = eval_side(data)
+        held_out, eval_rejected, _, eval_files, eval_window = _load_window(side)
+        rejected, files, loaded = rejected + eval_rejected, files + eval_files, loaded + eval_window["loaded"]
+        for k in ("outside_window", "undated"):
+            window[k] += eval_window[k]
+        train_candidates = problems
+        clash = sorted({p.id for p in problems} & {p.id for p in held_out})
+        if clash:
+            raise ValueError(f"data: {len(clash)} problem id(s) occur in both data.source and data.eval_source "
+                             f"(e.g. {clash[:3]}); ids must tell train and eval problems apart")
+        problems = problems + held_out
+    else:
+        train_ids, eval_ids, missing = _split(problems, data)
+        by_id = {p.id: p for p in problems}
+        held_out = [by_id[i] for i in eval_ids]
+        train_candidates = [by_id[i] for i in train_ids]
+    train, duplicates = drop_train_duplicates(train_candidates, held_out)
     if not train or not held_out:
         raise ValueError(f"data: the {data.split} split left {len(train)} train and {len(held_out)} eval problems; "
                          "both sides need at least one")
@@ -162,6 +201,10 @@ def build_dataset(data: Any) -> Dataset:
     summary["source"] = canonical_source(data.source)
     summary["release"] = data.release
     summary["window"] = {"start_date": data.start_date, "end_date": data.end_date}
+    if data.split == "source":
+        side = eval_side(data)
+        summary["eval_source"] = {"source": canonical_source(side.source), "path": side.path, "release": side.release,
+                                  "window": {"start_date": side.start_date, "end_date": side.end_date}}
     summary["split"] = {"kind": data.split, "eval_fraction": data.eval_fraction if data.split == "hash" else None,
                         "split_date": data.split_date if data.split == "date" else None,
                         "eval_ids_missing": missing, "train_duplicates_of_eval": duplicates}

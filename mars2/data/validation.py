@@ -19,6 +19,27 @@ __all__ = ["data_config_errors"]
 
 
 def data_config_errors(data: Any) -> list[tuple[str, str]]:
+    errors = _source_errors(data)
+    if data.split == "source":
+        if not data.eval_source:
+            errors.append(("data.split=source needs data.eval_source",
+                           "Name the held-out problems' source (e.g. data.eval_source=lcb data.eval_path=<folder>)."))
+        else:
+            from mars2.data.sources import EVAL_SIDE_FIELDS, eval_side
+
+            renames = [(f"data.{k}", f"data.{v}") for k, v in EVAL_SIDE_FIELDS.items()]
+            for what, allowed in _source_errors(eval_side(data)):
+                for old, new in renames:
+                    what, allowed = what.replace(old + "=", new + "=").replace(old + " ", new + " "), \
+                        allowed.replace(old + "=", new + "=")
+                errors.append((f"eval side: {what}", allowed))
+    elif data.eval_source:
+        errors.append((f"data.eval_source={data.eval_source!r} is set but data.split={data.split!r}",
+                       "A separate eval source needs data.split=source."))
+    return errors
+
+
+def _source_errors(data: Any) -> list[tuple[str, str]]:
     errors: list[tuple[str, str]] = []
     source = SOURCE_ALIASES.get(data.source, data.source)
     if source not in SOURCES:

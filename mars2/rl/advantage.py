@@ -72,3 +72,23 @@ def tree_group_advantage(shaped: Sequence[float], eps: float = 1e-9) -> list[flo
     """Path-level group advantage over all nodes of one tree (every agent, every depth):
     Â_v = (r̂_v − mean_T r̂) / (std_T r̂ + eps), std unbiased; computed before routing nodes to their agents."""
     return group_advantage(shaped, eps)
+
+
+def tree_rewards(parent: Sequence[int], correct: Sequence[float], response_len: Sequence[int], *, max_len: int,
+                 overlong_buffer: int, shaping: bool = True, gamma: float = 0.5,
+                 lam: float = 0.5) -> tuple[list[float], list[float], bool]:
+    """Training rewards, advantages and flatness of one tree, in MARTI's order.
+
+    ``correct[i]`` ∈ {0, 1} (all hidden tests pass), ``parent[i]`` as in :func:`tree_consistent_shaping`:
+      r̂_v = shaping of the 0/1 correctness rewards (or r_v when ``shaping`` is off)
+      R_v = r̂_v − pen(L_v)          DAPO overlong penalty, after shaping: a truncated parent's penalty never enters
+                                     its children's baseline
+      Â_v = (R_v − mean_T R) / (std_T R + 1e-9) over the whole tree
+      flat = all r_v equal            judged on correctness alone: penalties do not make a failed tree informative
+    Returns ``(R, Â, flat)``.
+    """
+    if not len(correct) == len(response_len) == len(parent):
+        raise ValueError(f"tree of {len(parent)} nodes has {len(correct)} rewards and {len(response_len)} lengths")
+    shaped = tree_consistent_shaping(parent, correct, gamma, lam) if shaping else [float(r) for r in correct]
+    reward = [s - overlong_penalty(n, max_len, overlong_buffer) for s, n in zip(shaped, response_len, strict=True)]
+    return reward, tree_group_advantage(reward), is_flat(correct)
