@@ -69,7 +69,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
         weights = agents
         if checkpoints:
             weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
-        result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, members,
+        result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members,
                                             {o: weights for o in owners}, agents, dataset, 0,
                                             cfg.data.max_eval_problems), cycle=0, label="eval")
         metrics = result.metrics

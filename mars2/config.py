@@ -71,6 +71,8 @@ class AgentConfig:
     tokenizer: str | None = None  # defaults to the model directory; "tiny" models train their own
     backend: str = "transformers"  # transformers | vllm (GPU workers only)
     role_prompt: str = ""  # system prompt; several roles may share one set of weights
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template switches, e.g.
+    #                      {enable_thinking: true} for Qwen3 reasoning (MARTI's is_reasoning_model)
     shares_weights_with: str | None = None  # homogeneous multi-role: name of the agent owning the weights
     device: str = "cpu"  # cpu | cuda | cuda:N (rollout and update placement)
     dtype: str = "float32"  # float32 | bfloat16
@@ -206,10 +208,14 @@ class EvalConfig:
 
 @dataclass
 class BackendConfig:
-    name: str = "transformers"
-    gpu_memory_utilization: float = 0.85  # vllm
-    tensor_parallel_size: int = 1  # vllm
-    max_model_len: int = 8192  # vllm
+    """vLLM engine settings of agents with ``backend: vllm`` (``conf/backend/``); transformers agents ignore them."""
+
+    gpu_memory_utilization: float = 0.85  # share of each GPU's memory vLLM takes (weights + KV cache)
+    tensor_parallel_size: int = 1  # GPUs one engine shards the model over
+    data_parallel_size: int | None = None  # engines (replicas) per agent; null = the agent's gpus // tensor_parallel_size
+    max_model_len: int = 8192  # engine context: must hold plan.prompt_tokens + the longest max_new_tokens
+    enforce_eager: bool = False  # no CUDA graphs (MARTI's runs set it)
+    enable_prefix_caching: bool = False
 
 
 @dataclass
@@ -423,6 +429,8 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.backend == "vllm" and not m.device.startswith("cuda"):
             _fail(f"{where}: the vllm backend runs only on GPUs but the agent is placed on {m.device!r}",
                   "Use backend=transformers on CPU, or device=cuda on a GPU worker.")
+        if m.backend == "vllm" and m.shares_weights_with is None:
+            _validate_vllm_engine(where, m, cfg)
         if m.dtype not in ("float32", "bfloat16", "float16"):
             _fail(f"{where}: dtype {m.dtype!r} is unknown", "Allowed: float32, bfloat16, float16.")
         profile = m.deepspeed
@@ -461,6 +469,25 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if not cuda_available:
             _fail(f"{preset} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but this machine has none",
                   "Run it on a GPU worker, or use agents=tiny_cpu on a CPU box.")
+
+
+def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:
+    """The ``backend`` group's engine must fit the agent's GPUs and hold a prompt plus the longest response."""
+    b = cfg.backend
+    if not 0 < b.gpu_memory_utilization <= 1 or b.tensor_parallel_size < 1 or b.max_model_len < 1:
+        _fail("backend.gpu_memory_utilization must be in (0, 1], backend.tensor_parallel_size and max_model_len >= 1",
+              f"Got {b.gpu_memory_utilization}, {b.tensor_parallel_size} and {b.max_model_len}.")
+    gpus = max(1, m.gpus)
+    engines = b.data_parallel_size if b.data_parallel_size is not None else gpus // b.tensor_parallel_size
+    if engines < 1 or engines * b.tensor_parallel_size > gpus:
+        _fail(f"{where}: {engines} vLLM engine(s) at backend.tensor_parallel_size={b.tensor_parallel_size} need "
+              f"{max(engines, 1) * b.tensor_parallel_size} GPUs but the agent has gpus={m.gpus}",
+              "Give the agent more GPUs, or lower backend.tensor_parallel_size / backend.data_parallel_size.")
+    need = cfg.plan.prompt_tokens + max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens)
+    if b.max_model_len < need:
+        _fail(f"{where}: backend.max_model_len={b.max_model_len} cannot hold a prompt of plan.prompt_tokens="
+              f"{cfg.plan.prompt_tokens} plus a response of {max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens)} "
+              "tokens", f"Raise backend.max_model_len to at least {need}, or shorten the responses.")
 
 
 def _is_smollm2(model: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mars2.config import AgentConfig
+from mars2.config import AgentConfig, BackendConfig
 from tasks._stage import StageRecord
 
 
@@ -23,19 +23,39 @@ def tokenizer_dir(agents: StageRecord, owner: str) -> str:
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 progress: bool = True):
-    """(backend, tokenizer) for an agent, on the device its config names."""
+                 engine: BackendConfig | None = None, progress: bool = True):
+    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings."""
     owner = owner_of(member)
     if member.backend == "vllm":
         from transformers import AutoTokenizer
 
-        from mars2.backends.vllm_backend import VLLMBackend, VLLMEngineArgs
+        from mars2.backends.base import end_token_ids, generation_config_eos
+        from mars2.backends.vllm_backend import VLLMBackend, vllm_engine_args
 
-        engine = VLLMEngineArgs(model=model_dir(weights[owner], owner), tensor_parallel_size=max(1, member.gpus),
-                                dtype=member.dtype)
+        folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
-        return VLLMBackend(engine, python=os.environ.get("MARS2_VLLM_PYTHON", "python")), tok
+        return VLLMBackend(vllm_engine_args(folder, member, engine or BackendConfig()),
+                           python=os.environ.get("MARS2_VLLM_PYTHON", "python"),
+                           stop_token_ids=end_token_ids(generation_config_eos(folder), tok.eos_token_id)), tok
     from mars2.backends.transformers_backend import load_transformers_backend
 
     return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner), device=member.device,
                                      dtype=member.dtype, batch_size=batch_size, progress=progress)
+
+
+def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, *,
+                  batch_size: int, engine: BackendConfig | None = None) -> dict:
+    """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches."""
+    from mars2.search.tree_search import AgentRunner
+
+    loaded: dict[str, tuple] = {}
+    runners = {}
+    for m in members:
+        owner = owner_of(m)
+        if owner not in loaded:
+            loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
+                                         batch_size=batch_size, engine=engine)
+        backend, tok = loaded[owner]
+        runners[m.name] = AgentRunner(backend=backend, tokenizer=tok, role_prompt=m.role_prompt,
+                                      chat_kwargs=dict(m.chat_template_kwargs))
+    return runners

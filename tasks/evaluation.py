@@ -13,34 +13,35 @@ of one problem share a verdict). A problem without hidden tests is graded on its
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pandas as pd
 from prefect import task
 
-from mars2.config import AgentConfig, EvalConfig, GradingConfig, SearchConfig
+from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
+from mars2.search.run import public_grader
+from tasks._agents import agent_runners
 from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.grading import grade_rows
 
 STAGE = "evaluation"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.data", "mars2.io",
-           "tasks.evaluation", "tasks.grading", "tasks.rollout", "tasks._agents")
-TEAM = "team"
+           "tasks.evaluation", "tasks.grading", "tasks._agents")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
-             members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
-             cycle: int, max_problems: int | None) -> StageRecord:
+             engine: BackendConfig, members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
+             dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
     metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …)."""
 
     def produce(out: Path) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
+        from mars2.eval.run import evaluation_rollouts
 
         table = f"{evaluation.split}.parquet"
         pool = pd.read_parquet(dataset.path(table))
@@ -48,7 +49,8 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
-        samples, trees = generate(problems, evaluation, search, grading, members, weights, agents, cycle)
+        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
+        samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners)
         graded = grade_unique(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
                                         ignore_index=True), dataset, grading, table)
         public_only = sum(not p.hidden_tests for p in problems)
@@ -70,41 +72,6 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         return {"metrics": metrics}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
-
-
-def generate(problems, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
-             members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
-             cycle: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The i.i.d. samples and the evaluation trees (public scores only; hidden grading comes after)."""
-    from mars2.backends import SamplingParams
-    from mars2.search.sampling import run_independent_sampling
-    from tasks.rollout import agent_runners, public_grader, search_problems
-
-    runners = agent_runners(members, weights, agents, batch_size=search.batch_size)
-    grade = public_grader(grading)
-    params = SamplingParams(temperature=evaluation.temperature, max_new_tokens=evaluation.max_new_tokens,
-                            seed=evaluation.seed)
-    samples = pd.DataFrame(run_independent_sampling(problems, runners, n_samples=evaluation.n_samples,
-                                                    sampling=params, grade=grade))
-    trees = []
-    if evaluation.tree:
-        groups = {TEAM: runners}
-        if evaluation.per_agent_trees and len(runners) > 1:
-            groups |= {name: {name: r} for name, r in runners.items()}
-        for tplus in evaluation.tplus:
-            tree_search = dataclasses.replace(search, strategy="ab_mcts", max_nodes=evaluation.max_nodes,
-                                              detailed_feedback=tplus, depth_decay=tplus,
-                                              temperature=evaluation.tree_temperature)
-            sampling = SamplingParams(temperature=evaluation.tree_temperature, top_p=search.top_p,
-                                      max_new_tokens=evaluation.max_new_tokens, seed=evaluation.seed + 1)
-            for who, group in groups.items():
-                nodes = pd.DataFrame(search_problems(problems, group, tree_search, sampling, grade))
-                trees.append(nodes.assign(who=who, tplus=tplus))
-    keep = ["problem_id", "node_id", "parent", "depth", "agent", "action", "code", "score", "public_status",
-            "response_len", "who", "tplus"]
-    trees_table = pd.concat(trees, ignore_index=True)[keep] if trees else pd.DataFrame(columns=keep)
-    samples_table = samples[["problem_id", "node_id", "agent", "code", "score", "public_status", "response_len"]]
-    return samples_table, trees_table
 
 
 def grade_unique(rows: pd.DataFrame, dataset: StageRecord, grading: GradingConfig,

@@ -42,3 +42,28 @@ class GenerationBackend(Protocol):
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
         """For each prompt (already chat-formatted text), ``params.n`` generations."""
         ...
+
+
+def end_token_ids(generation_config_eos, tokenizer_eos: int | None) -> list[int]:
+    """Every token that ends a response: the model's generation config ``eos_token_id`` (an id or a list: Qwen3 lists
+    ``<|im_end|>`` and ``<|endoftext|>``) and the tokenizer's EOS, in that order, without repeats."""
+    ids = generation_config_eos if isinstance(generation_config_eos, (list, tuple)) else [generation_config_eos]
+    out: list[int] = []
+    for i in [*ids, tokenizer_eos]:
+        if i is not None and int(i) not in out:
+            out.append(int(i))
+    return out
+
+
+def generation_config_eos(model_dir: str):
+    """``eos_token_id`` of ``<model_dir>/generation_config.json`` (else ``config.json``), or None."""
+    import json
+    from pathlib import Path
+
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if value is not None:
+                return value
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams
+from mars2.backends.base import Generation, SamplingParams, end_token_ids
 
 
 class TransformersBackend:
@@ -20,6 +20,8 @@ class TransformersBackend:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
+        generation = getattr(model, "generation_config", None)
+        self.stop_ids = end_token_ids(getattr(generation, "eos_token_id", None), tokenizer.eos_token_id)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
         import torch
@@ -51,7 +53,7 @@ class TransformersBackend:
                 do_sample=not greedy,
                 max_new_tokens=params.max_new_tokens,
                 pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id,
+                eos_token_id=self.stop_ids,
                 return_dict_in_generate=True,
                 output_scores=True,
                 **sampling,
@@ -64,8 +66,9 @@ class TransformersBackend:
             new = res.sequences[row, prompt_len:].tolist()
             lps = logprobs[row].tolist()
             finish = "length"
-            if tok.eos_token_id in new:
-                new = new[: new.index(tok.eos_token_id) + 1]
+            end = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+            if end is not None:
+                new = new[: end + 1]
                 finish = "stop"
             gens.append(
                 Generation(

@@ -23,19 +23,41 @@ from mars2.backends.base import Generation, SamplingParams
 
 @dataclass(frozen=True)
 class VLLMEngineArgs:
+    """Keyword arguments of ``vllm.LLM`` (names as vLLM's ``EngineArgs``); ``data_parallel_size`` > 1 runs that many
+    engine replicas of ``tensor_parallel_size`` GPUs each."""
+
     model: str
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
     max_model_len: int = 32768
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = False
     dtype: str = "bfloat16"
     seed: int = 0
 
 
-def build_request(prompts: list[str], params: SamplingParams, engine: VLLMEngineArgs) -> dict[str, Any]:
-    """The JSON request the worker reads: engine arguments, sampling parameters, prompts."""
+def vllm_engine_args(model_dir: str, member, backend) -> VLLMEngineArgs:
+    """An agent's engine from the ``backend`` group (:class:`mars2.config.BackendConfig`): TP size, replicas (default:
+    the agent's GPUs // TP), memory share, context length, eager mode, prefix caching; dtype from the agent."""
+    replicas = backend.data_parallel_size or max(1, max(1, member.gpus) // backend.tensor_parallel_size)
+    return VLLMEngineArgs(model=model_dir, tensor_parallel_size=backend.tensor_parallel_size,
+                          data_parallel_size=replicas, gpu_memory_utilization=backend.gpu_memory_utilization,
+                          max_model_len=backend.max_model_len, enforce_eager=backend.enforce_eager,
+                          enable_prefix_caching=backend.enable_prefix_caching, dtype=member.dtype)
+
+
+def build_request(prompts: list[str], params: SamplingParams, engine: VLLMEngineArgs,
+                  stop_token_ids: list[int] | None = None) -> dict[str, Any]:
+    """The JSON request the worker reads: engine arguments, sampling parameters, prompts.
+
+    ``stop_token_ids``: every end token the model's generation config lists (vLLM would otherwise stop at the
+    tokenizer's EOS only when the model folder's generation config is not read)."""
+    stops = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
     return {
         "engine": asdict(engine),
         "sampling": {
+            **stops,
             "n": params.n,
             "temperature": params.temperature,
             "top_p": params.top_p if params.temperature > 0 else 1.0,
@@ -67,15 +89,17 @@ def parse_response_line(line: str) -> list[Generation]:
 class VLLMBackend:
     """A :class:`~mars2.backends.base.GenerationBackend` that runs vLLM in another Python environment."""
 
-    def __init__(self, engine: VLLMEngineArgs, *, python: str = "python", timeout_s: float = 6 * 3600):
+    def __init__(self, engine: VLLMEngineArgs, *, python: str = "python", timeout_s: float = 6 * 3600,
+                 stop_token_ids: list[int] | None = None):
         self.engine = engine
         self.python = python
         self.timeout_s = timeout_s
+        self.stop_token_ids = stop_token_ids
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
         with tempfile.TemporaryDirectory(prefix="mars2-vllm-") as tmp:
             req, resp = Path(tmp) / "request.json", Path(tmp) / "response.jsonl"
-            req.write_text(json.dumps(build_request(prompts, params, self.engine)))
+            req.write_text(json.dumps(build_request(prompts, params, self.engine, self.stop_token_ids)))
             done = subprocess.run([self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)],
                                   capture_output=True, text=True, timeout=self.timeout_s)
             if done.returncode != 0:

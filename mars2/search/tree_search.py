@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,10 +34,11 @@ class AgentRunner:
     backend: GenerationBackend
     tokenizer: Any
     role_prompt: str = ""
+    chat_kwargs: dict[str, Any] = field(default_factory=dict)  # chat-template switches, e.g. enable_thinking
 
     def chat(self, user_prompt: str) -> str:
         return self.tokenizer.apply_chat_template(chat_messages(user_prompt, self.role_prompt), tokenize=False,
-                                                  add_generation_prompt=True)
+                                                  add_generation_prompt=True, **self.chat_kwargs)
 
 
 def grading_overlaps_generation(agents: Mapping[str, AgentRunner]) -> bool:

@@ -1,0 +1,47 @@
+"""Evaluation rollouts: the i.i.d. samples and search trees the LiveCodeBench metrics are computed from."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from mars2.backends.base import SamplingParams
+from mars2.config import EvalConfig, SearchConfig
+from mars2.data.schema import Problem
+from mars2.search.run import run_search
+from mars2.search.sampling import run_independent_sampling
+from mars2.search.tree_search import AgentRunner, GradeFn
+
+TEAM = "team"
+
+
+def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, search: SearchConfig, grade: GradeFn,
+                        runners: Mapping[str, AgentRunner]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The i.i.d. samples (``evaluation.n_samples`` per agent per problem) and the evaluation trees: the team's
+    ``evaluation.max_nodes``-node AB-MCTS-A tree (and one per agent alone with ``per_agent_trees``), without and/or with
+    T+ (detailed feedback + depth-guided exploration). Public scores only: hidden grading comes after."""
+    params = SamplingParams(temperature=evaluation.temperature, max_new_tokens=evaluation.max_new_tokens,
+                            seed=evaluation.seed)
+    samples = pd.DataFrame(run_independent_sampling(problems, runners, n_samples=evaluation.n_samples,
+                                                    sampling=params, grade=grade))
+    trees = []
+    if evaluation.tree:
+        groups = {TEAM: runners}
+        if evaluation.per_agent_trees and len(runners) > 1:
+            groups |= {name: {name: r} for name, r in runners.items()}
+        for tplus in evaluation.tplus:
+            tree_search = dataclasses.replace(search, strategy="ab_mcts", max_nodes=evaluation.max_nodes,
+                                              detailed_feedback=tplus, depth_decay=tplus,
+                                              temperature=evaluation.tree_temperature)
+            sampling = SamplingParams(temperature=evaluation.tree_temperature, top_p=search.top_p,
+                                      max_new_tokens=evaluation.max_new_tokens, seed=evaluation.seed + 1)
+            for who, group in groups.items():
+                nodes = pd.DataFrame(run_search(problems, group, tree_search, sampling, grade))
+                trees.append(nodes.assign(who=who, tplus=tplus))
+    keep = ["problem_id", "node_id", "parent", "depth", "agent", "action", "code", "score", "public_status",
+            "response_len", "who", "tplus"]
+    trees_table = pd.concat(trees, ignore_index=True)[keep] if trees else pd.DataFrame(columns=keep)
+    samples_table = samples[["problem_id", "node_id", "agent", "code", "score", "public_status", "response_len"]]
+    return samples_table, trees_table

@@ -1,0 +1,54 @@
+"""A rollout from its config: the search signal (public tests in the sandbox), the policy, the strategy.
+
+``run_search`` is what the rollout and evaluation stages call; it builds AB-MCTS-A (or independent sampling, the
+GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs with a :class:`GradingConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mars2.backends.base import SamplingParams
+from mars2.config import GradingConfig, SearchConfig
+from mars2.data.schema import Problem
+from mars2.search.tree_search import AgentRunner, GradeFn
+
+
+def public_grader(grading: GradingConfig) -> GradeFn:
+    """The search signal: programs graded on their public tests in the sandbox pool, every test run (no early stop),
+    so a node's score is the fraction it passes."""
+    from mars2.data import gradable
+    from mars2.sandbox import GradeJob, grade_many
+
+    def grade(jobs):
+        return grade_many([GradeJob(*gradable(c, t, f)) for c, t, f in jobs], workers=grading.workers or None,
+                          time_limit_s=grading.time_limit_s, memory_mb=grading.memory_mb,
+                          isolation=grading.isolation, parity=grading.parity, stop_at_first_failure=False)
+
+    return grade
+
+
+def search_policy(search: SearchConfig):
+    """AB-MCTS-A with the configured posterior prior and, for T+, depth-guided exploration."""
+    from mars2.search.ab_mcts import ABMCTSA, DepthDecay, Prior
+
+    prior = Prior(dist=search.dist, m=search.prior_m, kappa=search.prior_kappa, nu=search.prior_nu,
+                  tau2=search.prior_tau2)
+    decay = (DepthDecay(search.depth_gamma0, search.depth_gamma_step, search.depth_gamma_min)
+             if search.depth_decay else None)
+    return ABMCTSA(prior, decay)
+
+
+def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
+               sampling: SamplingParams, grade: GradeFn) -> list[dict[str, Any]]:
+    """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem,
+    or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``)."""
+    from mars2.search.sampling import run_independent_sampling
+    from mars2.search.tree_search import run_tree_search
+
+    if search.strategy == "independent":
+        return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade)
+    return run_tree_search(problems, runners, policy=search_policy(search), max_nodes=search.max_nodes,
+                           sampling=sampling, grade=grade, seed=sampling.seed,
+                           detailed_feedback=search.detailed_feedback, expansions_per_wave=search.expansions_per_wave)
