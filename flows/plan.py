@@ -1,4 +1,4 @@
-"""Resource plan of a run (issue #8, docs/plan.md): no GPU, no weights, no Prefect, no MLflow.
+"""Resource plan of a run (docs/plan.md): no GPU, no weights, no Prefect, no MLflow.
 
     python flows/plan.py agents=heterogeneous_32b                 # 3 nodes x 8 H200 (conf/plan/default.yaml)
     python flows/plan.py agents=heterogeneous_14b plan.gpu_memory_gb=80 plan.nodes=1

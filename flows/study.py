@@ -1,4 +1,4 @@
-"""The study of issue #9: base / GRPO / single-agent / homogeneous / heterogeneous arms × seeds, one comparison.
+"""The CPU-scale study: base / GRPO / single-agent / homogeneous / heterogeneous arms × seeds, one comparison.
 
     python flows/study.py                 # default size: warm-started tiny agents, 2 seeds (≤ 60 min on 2 cores)
     python flows/study.py study=smoke     # a few minutes

@@ -1,4 +1,4 @@
-"""Resource planner (issue #8): parameter counts on the meta device, DeepSpeed's ZeRO estimators, vLLM KV-cache
+"""Resource planner (docs/plan.md): parameter counts on the meta device, DeepSpeed's ZeRO estimators, vLLM KV-cache
 arithmetic, placement, refusal, and the `flows/plan.py` CLI."""
 
 import os

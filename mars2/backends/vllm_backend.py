@@ -1,8 +1,8 @@
 """vLLM generation for GPU workers, across a process boundary.
 
-vLLM pins its own torch/transformers/fastapi and cannot share an environment with Prefect 3.8
-(STACK_NOTES.md), so the rollout task never imports it. :class:`VLLMBackend` writes a JSON request file,
-runs ``<vllm python> -m mars2.backends.vllm_worker request.json response.jsonl`` in the GPU worker's own
+vLLM pins its own torch/transformers/fastapi and cannot share an environment with Prefect 3.8, so the
+rollout task never imports it. :class:`VLLMBackend` writes a JSON request file, runs
+``<vllm python> -m mars2.backends.vllm_worker request.json response.jsonl`` in the GPU worker's own
 environment, and reads one JSON line per prompt back. Each call starts the engine from the agent's
 current checkpoint folder, so the weights of the last update are always the ones sampled from (weight
 reload = a new worker on the new folder). Log-probs are vLLM's *processed* log-probs of the sampled tokens

@@ -1,4 +1,4 @@
-"""Diversity of correct solutions: DA@K, AEC and G-Vendi — OUR definitions (DESIGN.md §2.6).
+"""Diversity of correct solutions: DA@K, AEC and G-Vendi — OUR definitions (docs/algorithm.md §19).
 
 The MARS² paper names these three metrics but no public source defines them, so the definitions below are ours
 (docs/eval.md states them and their limits):

@@ -1,4 +1,4 @@
-"""LiveCodeBench metrics as pure functions (DESIGN.md §2.5–2.6).
+"""LiveCodeBench metrics as pure functions (docs/algorithm.md §17–§18).
 
 Two input tables, both pandas DataFrames:
 

@@ -1,4 +1,4 @@
-"""Resource planner (issue #8, docs/plan.md): parameters, ZeRO memory per GPU (DeepSpeed's estimators), vLLM
+"""Resource planner (docs/plan.md): parameters, ZeRO memory per GPU (DeepSpeed's estimators), vLLM
 KV-cache budget, GPUs needed and placement of every agent — from config.json values on the ``meta`` device,
 offline, without weights. Pure library: no Prefect, MLflow, Hydra or OmegaConf; torch/transformers/deepspeed
 are imported only when a plan is computed."""

@@ -1,4 +1,4 @@
-"""Rewards and group-normalised advantages (DESIGN.md §2.2–2.3)."""
+"""Rewards and group-normalised advantages (docs/algorithm.md §9–§11)."""
 
 from __future__ import annotations
 

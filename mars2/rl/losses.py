@@ -1,4 +1,4 @@
-"""Policy-gradient losses on padded tensors (DESIGN.md §2.4).
+"""Policy-gradient losses on padded tensors (docs/algorithm.md §13, §15).
 
 Shapes: B sequences, T response positions. ``mask[b, t] = 1`` on real response tokens, 0 on padding.
 All log-prob tensors are log-probabilities of the *sampled* tokens, shape [B, T].

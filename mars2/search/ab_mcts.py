@@ -1,4 +1,4 @@
-"""AB-MCTS-A with Thompson sampling over several agents (DESIGN.md §2.1), as stateless ask/tell.
+"""AB-MCTS-A with Thompson sampling over several agents (docs/algorithm.md §3–§6), as stateless ask/tell.
 
 The caller owns one :class:`SearchTree` per problem and alternates ``ask`` (where to expand, which agent
 writes the node) and ``tell`` (the new node's score). Selection:
@@ -39,7 +39,7 @@ class Prior:
 
 @dataclass(frozen=True)
 class DepthDecay:
-    """T+ depth-guided exploration (our reading of the paper, which leaves c_d undefined).
+    """T+ depth-guided exploration (docs/algorithm.md §16; our reading of the paper, which leaves c_d undefined).
 
     The score fed to GEN at the parent of a new node at depth d is r·γ(d)^{c_d}, with
     γ(d) = max(gamma_min, gamma0 − step·(d − 1)) and c_d the number of GEN expansions already made at depth d.
@@ -178,10 +178,3 @@ class ABMCTSA:
             u = node.parent
         return new_id
 
-
-def best_node(scores: list[float]) -> int:
-    """Final answer: the node with the best public score, ties → the latest (DESIGN.md §2.5)."""
-    if not scores:
-        raise ValueError("an empty tree has no answer")
-    best = max(scores)
-    return max(i for i, s in enumerate(scores) if s == best)

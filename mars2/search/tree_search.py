@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mars2.backends.base import GenerationBackend, SamplingParams
+from mars2.backends.base import Generation, GenerationBackend, SamplingParams
 from mars2.data.schema import Problem, TestCase
 from mars2.search.ab_mcts import ABMCTSA, ROOT, Expansion, SearchTree
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
@@ -104,19 +104,11 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
                 pending.append((mine_asks, texts, gens, codes, submit(grade, jobs)))
             for mine_asks, texts, gens, codes, future in pending:
                 for (pid, exp), text, g, code, v in zip(mine_asks, texts, gens, codes, future.result(), strict=True):
-                    score = v.passed / v.total if v.total else 0.0
-                    node_id = policy.tell(trees[pid], exp, score)
+                    node_id = policy.tell(trees[pid], exp, public_score(v))
                     parent_agent = rows[pid][exp.parent]["agent"] if exp.parent != ROOT else None
-                    rows[pid].append({
-                        "problem_id": pid, "node_id": node_id, "parent": exp.parent,
-                        "depth": trees[pid].nodes[node_id].depth, "agent": exp.agent,
-                        "action": "generate" if exp.parent == ROOT else "refine", "parent_agent": parent_agent,
-                        "wave": wave, "prompt": text, "response": g.text, "code": code,
-                        "prompt_ids": g.prompt_ids, "response_ids": g.response_ids, "logprobs": g.logprobs,
-                        "finish_reason": g.finish_reason, "response_len": len(g.response_ids),
-                        "public_status": v.status, "public_passed": v.passed, "public_total": v.total,
-                        "public_detail": v.detail[:2000], "score": score,
-                    })
+                    rows[pid].append(node_row(pid, node_id, parent=exp.parent, depth=trees[pid].nodes[node_id].depth,
+                                              agent=exp.agent, parent_agent=parent_agent, wave=wave, prompt=text,
+                                              generation=g, code=code, verdict=v))
             wave += 1
             if progress is not None:
                 progress(sum(len(t) for t in trees.values()), max_nodes * len(problems))
@@ -130,6 +122,26 @@ def _prompt(problem: Problem, exp: Expansion, rows: list[dict[str, Any]], detail
     result = result_summary(parent["public_status"], parent["public_passed"], parent["public_total"],
                             parent["public_detail"], detailed=detailed)
     return refine_prompt(problem, parent["code"], result)
+
+
+def public_score(verdict: Any) -> float:
+    """s_v = passed / total over the public tests; 0 when there are none (docs/algorithm.md §2)."""
+    return verdict.passed / verdict.total if verdict.total else 0.0
+
+
+def node_row(problem_id: str, node_id: int, *, parent: int, depth: int, agent: str, parent_agent: str | None,
+             wave: int, prompt: str, generation: Generation, code: str | None, verdict: Any) -> dict[str, Any]:
+    """One row of the node table (:data:`NODE_COLUMNS`): the node's place in its tree, the agent's generation
+    (token ids, rollout log-probs) and its public verdict and score. A child of the root is a ``generate``."""
+    return {
+        "problem_id": problem_id, "node_id": node_id, "parent": parent, "depth": depth, "agent": agent,
+        "action": "generate" if parent == ROOT else "refine", "parent_agent": parent_agent, "wave": wave,
+        "prompt": prompt, "response": generation.text, "code": code, "prompt_ids": generation.prompt_ids,
+        "response_ids": generation.response_ids, "logprobs": generation.logprobs,
+        "finish_reason": generation.finish_reason, "response_len": len(generation.response_ids),
+        "public_status": verdict.status, "public_passed": verdict.passed, "public_total": verdict.total,
+        "public_detail": verdict.detail[:2000], "score": public_score(verdict),
+    }
 
 
 NODE_COLUMNS = ("problem_id", "node_id", "parent", "depth", "agent", "action", "parent_agent", "wave", "prompt",
