@@ -370,7 +370,7 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
-    for what, allowed in data_config_errors(cfg.data)[:1]:
+    for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:
         _fail(what, allowed)
     if cfg.grading.time_limit_s <= 0 or cfg.grading.workers < 0 or cfg.grading.memory_mb <= 0:
         _fail("grading.time_limit_s and grading.memory_mb must be > 0 and grading.workers >= 0 (0 = one per core)",
@@ -418,7 +418,6 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
     if a.paradigm == "heterogeneous" and (len(members) < 2 or len(owners) != len(members)):
         _fail(f"{preset}: a heterogeneous preset needs >= 2 agents with their own weights",
               "Remove shares_weights_with, or use paradigm homogeneous.")
-    needs_gpu = []
     for m in members:
         where = f"{preset}, agent {m.name!r}"
         if m.shares_weights_with is not None and m.shares_weights_with not in owners:
@@ -441,12 +440,7 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
             if m.tiny.arch not in TINY_ARCHS:
                 _fail(f"{where}: tiny.arch {m.tiny.arch!r} is unknown", f"Allowed: {', '.join(TINY_ARCHS)}.")
         elif m.shares_weights_with is None and _is_smollm2(m.model):
-            _validate_smollm2(where, m, planning)
-        elif m.shares_weights_with is None and not planning and not os.path.isdir(m.model):
-            _fail(f"{where}: model path {m.model!r} does not exist on this machine",
-                  "Real-model presets need local model directories (set MARS2_MODELS=<folder holding them> or "
-                  f"agents.members.N.model=<path>) and, for {m.device!r} placement, GPUs; on a CPU box use agents=tiny_cpu "
-                  "(or agents=smollm2_cpu for a real 135M model).")
+            _validate_smollm2(where, m, planning=True)
         b = m.bootstrap
         if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1:
             _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1 and 0 < data_fraction <= 1",
@@ -457,18 +451,40 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.update_procs is not None and m.update_procs < 1:
             _fail(f"{where}: update_procs={m.update_procs} must be >= 1",
                   "Leave it null to use one process per GPU (agents.members.N.gpus), or set 1 for no launcher.")
+        if not m.device.startswith("cuda") and m.device != "cpu":
+            _fail(f"{where}: device {m.device!r} is unknown", "Allowed: cpu, cuda, cuda:N.")
+    if not planning and cfg.orchestration.mode != "pools":  # pools: each stage checks the worker it runs on
+        check_machine(members, preset=preset, cuda_available=cuda_available)
+
+
+def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_available: bool | None = None,
+                  stage: str | None = None) -> None:
+    """What only the machine that runs a stage can check: the agents' local model folders, the SmolLM2 wheel and CUDA
+    devices. The flow's entry calls it in ``orchestration=local``; in ``pools`` mode each GPU stage calls it on its
+    worker (``stage`` names it in the message), so a CPU machine can start a GPU preset."""
+    here = f"stage {stage} on this worker" if stage else "this machine"
+    needs_gpu = []
+    for m in members:
+        where = f"{preset + ', ' if preset else ''}agent {m.name!r}"
+        if m.shares_weights_with is None and m.model != "tiny":
+            if _is_smollm2(m.model):
+                _validate_smollm2(where, m, planning=False)
+            elif not os.path.isdir(m.model):
+                _fail(f"{where}: model path {m.model!r} does not exist on {here}",
+                      "Real-model presets need local model directories (set MARS2_MODELS=<folder holding them> or "
+                      f"agents.members.N.model=<path>) and, for {m.device!r} placement, GPUs; on a CPU box use "
+                      "agents=tiny_cpu (or agents=smollm2_cpu for a real 135M model).")
         if m.device.startswith("cuda"):
             needs_gpu.append(m.name)
-        elif m.device != "cpu":
-            _fail(f"{where}: device {m.device!r} is unknown", "Allowed: cpu, cuda, cuda:N.")
-    if needs_gpu and not planning:
+    if needs_gpu:
         if cuda_available is None:
             import torch
 
             cuda_available = torch.cuda.is_available()
         if not cuda_available:
-            _fail(f"{preset} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but this machine has none",
-                  "Run it on a GPU worker, or use agents=tiny_cpu on a CPU box.")
+            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has none",
+                  "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
+                  "on a CPU box.")
 
 
 def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:

