@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from mars2.config import AgentConfig, BackendConfig
+from mars2.config import AgentConfig, BackendConfig, check_machine
 from tasks._stage import StageRecord
 
 
@@ -24,7 +24,10 @@ def tokenizer_dir(agents: StageRecord, owner: str) -> str:
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
                  engine: BackendConfig | None = None, progress: bool = True):
-    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings."""
+    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings.
+
+    Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
+    check_machine([member], stage="rollout/evaluation")
     owner = owner_of(member)
     if member.backend == "vllm":
         from transformers import AutoTokenizer

@@ -44,8 +44,16 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = (), **resolve_kwargs: Any) -> RunConfig:
-    """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run."""
-    return resolve(load_cfg(overrides), **resolve_kwargs)
+    """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run.
+
+    A run with agents on GPUs must also fit the cluster ``plan`` describes (:func:`mars2.plan.require_fit`, the
+    layout the trainer and engines really build): a preset the planner refuses stops here, before anything starts."""
+    run = resolve(load_cfg(overrides), **resolve_kwargs)
+    if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
+        from mars2.plan import plan, require_fit
+
+        require_fit(plan(run))
+    return run
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:

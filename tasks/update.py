@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 from prefect import task
 
-from mars2.config import AgentConfig, ConfigError, TrainConfig
+from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
 from tasks._agents import model_dir, tokenizer_dir
 from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
@@ -33,6 +33,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
     itself) and the buffer empties; otherwise the record points at the previous weights and keeps the buffer.
     """
     owner = member.name
+    check_machine([member], stage=f"update/{owner}")  # pools mode: the flow's machine checked only the config
 
     def produce(out: Path) -> dict:
         from transformers import AutoTokenizer

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mars2.config import AgentConfig, PlanConfig, RunConfig
+from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig
 from mars2.plan.memory import (
     GB,
     ZERO_OPTIONS,
@@ -25,8 +25,10 @@ from mars2.plan.memory import (
 from mars2.plan.models import DTYPE_BYTES, ModelShape, model_shape
 
 
-class PlanRefused(ValueError):
+class PlanRefused(ConfigError):
     """The configured agents cannot fit the cluster; ``str(e)`` is a complete, user-facing paragraph."""
+
+    label = "plan refused"
 
 
 @dataclass(frozen=True)

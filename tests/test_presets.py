@@ -1,0 +1,103 @@
+"""Real-model presets compose the paper's whole experiment (docs/presets.md is the spec), and orchestration=pools lets a
+CPU machine start a GPU preset while each GPU stage checks its own worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mars2.config import ConfigError
+from tasks.config import compose_run, to_container
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
+
+
+def preset_table() -> list[dict[str, str]]:
+    """The rows of docs/presets.md's "Every number" table: field, one YAML cell per preset, source."""
+    text = (ROOT / "docs" / "presets.md").read_text().split("## Every number", 1)[1]
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("|---")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in lines[1:]]
+
+
+def select(tree, dotted: str):
+    for part in dotted.split("."):
+        tree = tree[int(part)] if isinstance(tree, list) else tree[part]
+    return tree
+
+
+@pytest.fixture(autouse=True)
+def no_model_env(monkeypatch):
+    monkeypatch.delenv("MARS2_MODELS", raising=False)
+
+
+def test_the_table_covers_every_preset_and_names_a_source():
+    rows = preset_table()
+    assert len(rows) >= 50
+    assert set(PRESETS) <= set(rows[0]) and all(r["source"] for r in rows)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_preset_composes_the_numbers_of_docs_presets_md(preset):
+    cfg = to_container(compose_run([f"agents={preset}"], planning=True))
+    checked = 0
+    for row in preset_table():
+        cell = row[preset]
+        if cell == "-":
+            continue
+        assert select(cfg, row["field"]) == yaml.safe_load(cell), (preset, row["field"], row["source"])
+        checked += 1
+    assert checked >= 50
+    # the engine's context holds a prompt plus the longest response
+    assert cfg["backend"]["max_model_len"] >= cfg["plan"]["prompt_tokens"] + cfg["search"]["max_new_tokens"]
+
+
+def test_a_preset_field_stays_overridable():
+    cfg = compose_run(["agents=heterogeneous_32b", "search.max_new_tokens=16384", "train.overlong_buffer=1024",
+                       "data=toy"], planning=True)
+    assert (cfg.search.max_new_tokens, cfg.train.overlong_buffer, cfg.data.source) == (16384, 1024, "toy")
+    assert cfg.search.max_nodes == 16  # the rest of the preset stays
+
+
+def _data_env(monkeypatch):
+    monkeypatch.setenv("MARS2_DEEPCODER_PATH", str(FIXTURES / "deepcoder" / "train.jsonl"))
+    monkeypatch.setenv("MARS2_LCB_PATH", str(FIXTURES / "lcb"))
+    return ["data.eval_release=release_v3"]  # the fixture copy of LCB has three release files
+
+
+def test_pools_mode_lets_a_cpu_machine_start_a_gpu_preset(monkeypatch):
+    data = _data_env(monkeypatch)
+    with pytest.raises(ConfigError, match="does not exist on this machine"):
+        compose_run(["agents=heterogeneous_8b", *data])  # local: this machine runs every stage
+    cfg = compose_run(["agents=heterogeneous_8b", "orchestration=pools", *data])  # stages check their own workers
+    assert cfg.orchestration.mode == "pools" and cfg.data.split == "source"
+
+
+def test_the_flow_entry_refuses_what_the_planner_says_cannot_fit(monkeypatch):
+    from mars2.plan import PlanRefused
+
+    data = _data_env(monkeypatch)
+    with pytest.raises(PlanRefused, match="cannot fit"):
+        compose_run(["agents=heterogeneous_32b", "orchestration=pools", "plan.gpu_memory_gb=40", *data])
+
+
+def test_a_gpu_stage_on_a_worker_without_cuda_says_so(tmp_path, monkeypatch):
+    import torch
+
+    from mars2.config import AgentConfig, TrainConfig
+    from tasks._stage import StageContext
+    from tasks.update import update_policy
+
+    if torch.cuda.is_available():
+        pytest.skip("this worker has CUDA")
+    (tmp_path / "Qwen3-8B").mkdir()
+    member = AgentConfig(name="qwen3_8b", model=str(tmp_path / "Qwen3-8B"), backend="vllm", device="cuda", gpus=8)
+    with pytest.raises(ConfigError, match=r"stage update/qwen3_8b on this worker has none"):
+        update_policy.fn(StageContext(root=str(tmp_path)), member, TrainConfig(), {}, None, None, None, 0)
+    gone = AgentConfig(name="a", model=str(tmp_path / "nope"), device="cuda")
+    with pytest.raises(ConfigError, match=r"does not exist on stage update/a on this worker"):
+        update_policy.fn(StageContext(root=str(tmp_path)), gone, TrainConfig(), {}, None, None, None, 0)
