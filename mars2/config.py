@@ -370,8 +370,6 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
-    for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:
-        _fail(what, allowed)
     if cfg.grading.time_limit_s <= 0 or cfg.grading.workers < 0 or cfg.grading.memory_mb <= 0:
         _fail("grading.time_limit_s and grading.memory_mb must be > 0 and grading.workers >= 0 (0 = one per core)",
               f"Got {cfg.grading.time_limit_s}, {cfg.grading.memory_mb} and {cfg.grading.workers}.")
@@ -386,6 +384,8 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     _validate_orchestration(cfg.orchestration)
     _validate_plan(cfg.plan)
     _validate_agents(cfg, cuda_available, planning)
+    for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
+        _fail(what, allowed)  # preset" says more to a user on a laptop than a missing data path
     return cfg
 
 

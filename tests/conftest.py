@@ -54,6 +54,16 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
 
 
 @pytest.fixture
+def paper_data(monkeypatch) -> list[str]:
+    """The real-model presets' data (DeepCoder records + LCB v6) pointed at the small fixture copies; returns the
+    override the fixture's three LCB release files need."""
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    monkeypatch.setenv("MARS2_DEEPCODER_PATH", str(fixtures / "deepcoder" / "train.jsonl"))
+    monkeypatch.setenv("MARS2_LCB_PATH", str(fixtures / "lcb"))
+    return ["data.eval_release=release_v3"]
+
+
+@pytest.fixture
 def run_flow_cli(tmp_path):
     """Run ``flows/<script> <overrides>`` in a fresh run folder (``tmp_path``), offline, with no tracking/API server
     from the environment; returns the completed process."""

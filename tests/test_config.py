@@ -42,9 +42,9 @@ def test_default_tiny_cpu_validates_with_two_architectures():
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
-def test_gpu_presets_validate_when_models_and_gpus_exist(preset, tmp_path, monkeypatch):
+def test_gpu_presets_validate_when_models_and_gpus_exist(preset, tmp_path, monkeypatch, paper_data):
     monkeypatch.setenv("MARS2_MODELS", str(tmp_path))
-    cfg = load_cfg([f"agents={preset}"])
+    cfg = load_cfg([f"agents={preset}", *paper_data])
     for m in cfg.agents.members:
         Path(m.model).mkdir(parents=True, exist_ok=True)
     run = resolve(cfg, cuda_available=True)

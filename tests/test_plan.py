@@ -23,7 +23,8 @@ QWEN3_32B_LARGEST = 151_936 * 5120  # embed_tokens (lm_head is the same size, un
 def _preset_models() -> list[str]:
     names = set()
     for path in (CONF_DIR / "agents").glob("*.yaml"):
-        for m in OmegaConf.load(path).members:
+        node = OmegaConf.load(path)  # real-model presets are whole experiments (package _global_): agents.members
+        for m in (node.agents if "agents" in node else node).members:
             model = OmegaConf.to_container(m)["model"]
             if model != "tiny":
                 names.add(model.rsplit("/", 1)[-1])
@@ -175,9 +176,10 @@ def test_not_enough_nodes_is_refused(no_models):
 
 
 def test_node_per_agent_gives_each_agent_its_own_node(no_models):
-    packed = _plan("agents=heterogeneous_8b")
+    two = ["agents.members.0.gpus=2", "agents.members.1.gpus=2"]
+    packed = _plan("agents=heterogeneous_8b", "plan.node_per_agent=false", *two)
     assert [str(a.update_spans[0]) for a in packed.agents] == ["node0:GPU0-1", "node0:GPU2-3"]
-    own = _plan("agents=heterogeneous_8b", "plan.node_per_agent=true")
+    own = _plan("agents=heterogeneous_8b", *two)  # the paper's layout, the preset's default
     assert [str(a.update_spans[0]) for a in own.agents] == ["node0:GPU0-1", "node1:GPU0-1"]
 
 

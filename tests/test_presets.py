@@ -12,7 +12,6 @@ from mars2.config import ConfigError
 from tasks.config import compose_run, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
 PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
 
 
@@ -63,24 +62,18 @@ def test_a_preset_field_stays_overridable():
     assert cfg.search.max_nodes == 16  # the rest of the preset stays
 
 
-def _data_env(monkeypatch):
-    monkeypatch.setenv("MARS2_DEEPCODER_PATH", str(FIXTURES / "deepcoder" / "train.jsonl"))
-    monkeypatch.setenv("MARS2_LCB_PATH", str(FIXTURES / "lcb"))
-    return ["data.eval_release=release_v3"]  # the fixture copy of LCB has three release files
-
-
-def test_pools_mode_lets_a_cpu_machine_start_a_gpu_preset(monkeypatch):
-    data = _data_env(monkeypatch)
+def test_pools_mode_lets_a_cpu_machine_start_a_gpu_preset(paper_data):
+    data = paper_data
     with pytest.raises(ConfigError, match="does not exist on this machine"):
         compose_run(["agents=heterogeneous_8b", *data])  # local: this machine runs every stage
     cfg = compose_run(["agents=heterogeneous_8b", "orchestration=pools", *data])  # stages check their own workers
     assert cfg.orchestration.mode == "pools" and cfg.data.split == "source"
 
 
-def test_the_flow_entry_refuses_what_the_planner_says_cannot_fit(monkeypatch):
+def test_the_flow_entry_refuses_what_the_planner_says_cannot_fit(paper_data):
     from mars2.plan import PlanRefused
 
-    data = _data_env(monkeypatch)
+    data = paper_data
     with pytest.raises(PlanRefused, match="cannot fit"):
         compose_run(["agents=heterogeneous_32b", "orchestration=pools", "plan.gpu_memory_gb=40", *data])
 
