@@ -228,7 +228,7 @@ def test_premade_open_mock_acts_as_a_fresh_mock_open(name):
     from unittest.mock import mock_open
 
     from mars2.sandbox import lcb_reference as lcb
-    from mars2.sandbox._runner import premade_open_mock
+    from mars2.sandbox.runner.lcb_parity import premade_open_mock
 
     code = compile(OPEN_READERS[name], name, "exec")
     inputs = "3 4\nfive six\n\nseven"
@@ -266,7 +266,7 @@ def test_lcb_mode_gives_a_verdict_when_the_input_fills_memory_before_the_program
     assert verdict.status in ("AC", "MLE", "RE"), verdict
 
 def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
-    from mars2.sandbox._runner import PREMADE_OPEN_MOCKS
+    from mars2.sandbox.runner.lcb_parity import PREMADE_OPEN_MOCKS
 
     tests = [stdin_case(f"{i} {i}", f"{i}\n") for i in range(PREMADE_OPEN_MOCKS + 4)]
     # LiveCodeBench patches builtins.open (its preamble binds the program's own `open` to the real one)
