@@ -2,9 +2,10 @@
 
 A :class:`SandboxPool` holds ``workers`` :class:`Slot` objects (one per core by default). A slot owns
 a dedicated uid (when the grader runs as root), optionally a cgroup, and one zygote process
-(``_runner.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`). :meth:`Slot.run` sends one
-program, then its tests one at a time, handing each raw result (stdout bytes or typed return value)
-to a callback that compares it with the expected output *in this process* and says whether to go on.
+(``_runner.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`),
+spoken to in :mod:`mars2.sandbox.runner.wire` frames. :meth:`Slot.run` sends one program, then its tests
+one at a time, handing each raw result (stdout bytes or typed return value) to a callback that compares
+it with the expected output *in this process* and says whether to go on.
 A zygote that dies or stops answering is killed and restarted; the program it was running is retried
 once on the fresh zygote, then reported as a sandbox failure.
 """

@@ -148,5 +148,3 @@ def lcb_stdio(lcb, method, text, timeout, open_mocks):
     if error is not None:
         return {"status": error[0], "error": error[1]}, b""
     return {"status": "ok"}, captured[0].encode("utf-8", "surrogatepass")
-
-# ---- cleanup ----------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ def read_exact(fd, n):
     return b"".join(chunks)
 
 
-
 def read_frame(fd):
     """One frame from ``fd`` (blocking); ``ValueError`` for a header over ``MAX_HEADER`` or a payload over
     ``MAX_PAYLOAD``, ``EOFError`` when the pipe closes."""

@@ -376,7 +376,7 @@ class Zygote:
             reply.update(status="OLE", error=f"output limit ({limits['output_bytes']} bytes) exceeded")
         return reply, out
 
-    # ---- parity=lcb: one child per program serves every test, like LiveCodeBench's process ----------
+    # ---- one child per program serves every test (parity=lcb, like LiveCodeBench's process; script) --
 
     def test_session(self, program, payload, child_fn, retried=False):
         """One test in the program's long-lived test process (opened on demand, see :meth:`_open_session`).
@@ -421,7 +421,8 @@ class Zygote:
             elif status is not None and os.WIFSIGNALED(status):
                 reply.update(signal_verdict(os.WTERMSIG(status), cpu, limits))
             elif status is not None and os.WEXITSTATUS(status) == EXIT_SETUP_FAILED:
-                reply.update(status="SETUP", error=join_text("the test process could not start", session.get("err_tail", "")))
+                reply.update(status="SETUP",
+                             error=join_text("the test process could not start", session.get("err_tail", "")))
             elif session.get("error"):
                 reply.update(status="RE", error=session["error"])
             elif program["parity"] == "lcb":
