@@ -8,11 +8,11 @@ process at the weaker isolation level). It uses only the standard library plus :
 Process model. The zygote starts once per worker slot, imports LiveCodeBench's preamble modules (and,
 when the first ``parity=lcb`` program comes, LiveCodeBench's harness, ``unittest.mock`` and numpy),
 then serves requests from the grader on its stdin/stdout pipes (length-prefixed frames, see
-:mod:`.wire`): a program, then its tests one at a time. The zygote
-never executes program code; it forks a *test process* that
+:mod:`.wire`): a program, then its tests one at a time. The zygote never executes program code; it
+forks a *test process* that (:mod:`.confine`)
 
 1. gets its own scratch directory, stdin/stdout/stderr files, and no other descriptor;
-2. sets rlimits (:mod:`.confine`) (CPU, address space, file size, open files, processes, no core), drops to the slot's
+2. sets rlimits (CPU, address space, file size, open files, processes, no core), drops to the slot's
    dedicated unprivileged uid/gid (when the zygote may), sets no-new-privs and parent-death SIGKILL,
    applies Landlock (weaker level only) and a seccomp filter (no ptrace, no sockets but AF_UNIX, no
    namespaces, no io_uring, no SysV/mq IPC, no kernel-admin calls; when tests share the zygote's uid
@@ -58,6 +58,10 @@ RECORD_CAP = 64 * 1024  # a test's status record, and a result frame's header fr
 
 
 class Zygote:
+    """One worker slot's zygote. ``cfg`` is the JSON the grader starts it with (:meth:`mars2.sandbox.pool.Slot.start`):
+    ``uid``/``gid`` of the tests (None: our own), ``pidns``, ``scratch_root``, ``sys_path`` (site directories),
+    ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
+
     def __init__(self, cfg):
         self.cfg = cfg
         self.ctl_in = os.dup(0)
