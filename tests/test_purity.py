@@ -1,4 +1,5 @@
-"""mars2/ is a pure library: it never imports Prefect, MLflow or Hydra (nor OmegaConf)."""
+"""mars2/ is a pure library: it never imports Prefect, MLflow or Hydra (nor OmegaConf); the code that runs inside
+the grading sandbox imports the standard library only."""
 
 import ast
 import json
@@ -26,7 +27,7 @@ def test_no_forbidden_import_statement_in_mars2():
 def test_importing_every_mars2_module_loads_no_orchestration_package():
     modules = sorted(
         ".".join(p.relative_to(LIB.parent).with_suffix("").parts).removesuffix(".__init__")
-        for p in LIB.rglob("*.py") if p.name != "_runner.py"
+        for p in LIB.rglob("*.py")
     )
     code = (
         "import importlib, json, sys\n"
@@ -36,3 +37,20 @@ def test_importing_every_mars2_module_loads_no_orchestration_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=LIB.parent)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
     assert len(modules) > 10
+
+
+def test_sandbox_side_code_imports_the_standard_library_only():
+    """The sandbox mounts only mars2/sandbox and starts ``_runner.py`` with ``python -I -S``: the entry script and the
+    ``runner`` package may import the standard library, each other, and LiveCodeBench's harness next to them."""
+    sandbox = LIB / "sandbox"
+    allowed = set(sys.stdlib_module_names) | {"runner", "lcb_reference", "numpy"}  # numpy: optional, as in LCB
+    offenders = []
+    for path in [sandbox / "_runner.py", *sorted((sandbox / "runner").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            offenders += [f"{path.relative_to(LIB)}: {n}" for n in names if n.split(".")[0] not in allowed]
+    assert offenders == []

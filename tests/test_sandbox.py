@@ -220,6 +220,31 @@ OPEN_READERS = {
 }
 
 
+def test_grader_and_zygote_frames_round_trip():
+    """pool.py buffers frames (take_frame) that the zygote writes (write_frame), and the reverse: one definition."""
+    import os
+
+    from mars2.sandbox.runner.wire import FRAME, MAX_HEADER, encode_frame, read_frame, take_frame, write_frame
+
+    r, w = os.pipe()
+    try:
+        write_frame(w, {"op": "result", "status": "ok"}, b"3\n")
+        write_frame(w, {"op": "pong"})
+        data = bytearray(os.read(r, 1 << 16))
+        first = len(encode_frame({"op": "result", "status": "ok"}, b"3\n"))
+        assert take_frame(bytearray(data[:first - 1])) is None  # a partial frame waits for more
+        assert take_frame(data) == ({"op": "result", "status": "ok"}, b"3\n")
+        assert take_frame(data) == ({"op": "pong"}, b"") and data == bytearray()
+        os.write(w, encode_frame({"op": "test", "index": 1}, "é".encode()))
+        assert read_frame(r) == ({"op": "test", "index": 1}, "é".encode())
+        os.write(w, FRAME.pack(MAX_HEADER + 1, 0))
+        with pytest.raises(ValueError, match="oversized"):
+            read_frame(r)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 @pytest.mark.parametrize("name", sorted(OPEN_READERS))
 def test_premade_open_mock_acts_as_a_fresh_mock_open(name):
     """parity=lcb serves LiveCodeBench's per-test mock_open() from ones made ahead in the zygote: a
@@ -228,7 +253,7 @@ def test_premade_open_mock_acts_as_a_fresh_mock_open(name):
     from unittest.mock import mock_open
 
     from mars2.sandbox import lcb_reference as lcb
-    from mars2.sandbox._runner import premade_open_mock
+    from mars2.sandbox.runner.lcb_parity import premade_open_mock
 
     code = compile(OPEN_READERS[name], name, "exec")
     inputs = "3 4\nfive six\n\nseven"
@@ -266,7 +291,7 @@ def test_lcb_mode_gives_a_verdict_when_the_input_fills_memory_before_the_program
     assert verdict.status in ("AC", "MLE", "RE"), verdict
 
 def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
-    from mars2.sandbox._runner import PREMADE_OPEN_MOCKS
+    from mars2.sandbox.runner.lcb_parity import PREMADE_OPEN_MOCKS
 
     tests = [stdin_case(f"{i} {i}", f"{i}\n") for i in range(PREMADE_OPEN_MOCKS + 4)]
     # LiveCodeBench patches builtins.open (its preamble binds the program's own `open` to the real one)

@@ -10,7 +10,8 @@ Semantics follow LiveCodeBench's ``lcb_runner/evaluation/testing_util.py``:
 * functional tests (:func:`value_matches`): ``actual == expected`` between the returned value
   (a top-level tuple already turned into a list by the child, as LiveCodeBench does; nested tuples
   stay tuples and so never equal a JSON list) and the parsed expected JSON value. The child sends
-  the value as typed JSON (see ``_runner.encode_value``), decoded here by :func:`decode_value`.
+  the value as typed JSON (see :func:`mars2.sandbox.runner.values.encode_value`), decoded here by
+  :func:`decode_value`.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _decode_tag(obj: dict[str, Any]) -> Any:
 
 
 def decode_value(data: bytes) -> Any:
-    """Inverse of the child's ``encode_value``; raises :class:`MalformedValue` on anything else."""
+    """Inverse of the child's ``runner.values.encode_value``; raises :class:`MalformedValue` on anything else."""
     try:
         return json.loads(data.decode("utf-8", "surrogatepass"), object_hook=_decode_tag)
     except MalformedValue:

@@ -18,7 +18,7 @@ Differences from the original, none of which changes a verdict: the ``debug`` pr
 ``compute_code_generation_metrics``) is applied in the pool's worker initialiser, results come
 back as plain lists, and :func:`call_method` takes an optional ``open_mock``: a ``mock_open()``
 already configured with the test's input (the sandbox builds them ahead, see
-``_runner.premade_open_mock``; by default one is made here, as in the original).
+``runner.lcb_parity.premade_open_mock``; by default one is made here, as in the original).
 """
 
 from __future__ import annotations

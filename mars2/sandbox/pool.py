@@ -2,9 +2,10 @@
 
 A :class:`SandboxPool` holds ``workers`` :class:`Slot` objects (one per core by default). A slot owns
 a dedicated uid (when the grader runs as root), optionally a cgroup, and one zygote process
-(``_runner.py``) inside its sandbox (see :mod:`mars2.sandbox.isolation`). :meth:`Slot.run` sends one
-program, then its tests one at a time, handing each raw result (stdout bytes or typed return value)
-to a callback that compares it with the expected output *in this process* and says whether to go on.
+(``_runner.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`),
+spoken to in :mod:`mars2.sandbox.runner.wire` frames. :meth:`Slot.run` sends one program, then its tests
+one at a time, handing each raw result (stdout bytes or typed return value) to a callback that compares
+it with the expected output *in this process* and says whether to go on.
 A zygote that dies or stops answering is killed and restarted; the program it was running is retried
 once on the fresh zygote, then reported as a sandbox failure.
 """
@@ -12,14 +13,12 @@ once on the fresh zygote, then reported as a sandbox failure.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import queue
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import tempfile
 import threading
@@ -29,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mars2.sandbox import isolation
+from mars2.sandbox.runner.wire import encode_frame, take_frame
 
 log = logging.getLogger(__name__)
 
-FRAME = struct.Struct("<II")
 MIB = 1 << 20
 START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
@@ -108,7 +107,7 @@ class ProgramRun:
 
 
 class _Channel:
-    """Framed messages over the zygote's stdin/stdout pipes, with deadlines."""
+    """Framed messages (:mod:`mars2.sandbox.runner.wire`) over the zygote's stdin/stdout pipes, with deadlines."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         assert proc.stdin is not None and proc.stdout is not None
@@ -118,8 +117,7 @@ class _Channel:
         self.buf = bytearray()
 
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
-        data = json.dumps(header).encode()
-        blob = memoryview(FRAME.pack(len(data), len(payload)) + data + payload)
+        blob = memoryview(encode_frame(header, payload))
         try:
             while blob:
                 blob = blob[os.write(self.wfd, blob):]
@@ -129,14 +127,9 @@ class _Channel:
     def recv(self, timeout: float) -> tuple[dict[str, Any], bytes]:
         deadline = time.monotonic() + timeout
         while True:
-            if len(self.buf) >= FRAME.size:
-                hlen, plen = FRAME.unpack_from(self.buf)
-                total = FRAME.size + hlen + plen
-                if len(self.buf) >= total:
-                    header = json.loads(bytes(self.buf[FRAME.size:FRAME.size + hlen]))
-                    payload = bytes(self.buf[FRAME.size + hlen:total])
-                    del self.buf[:total]
-                    return header, payload
+            frame = take_frame(self.buf)
+            if frame is not None:
+                return frame
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SandboxError(f"sandbox did not answer within {timeout:.1f} s")

@@ -1,0 +1,161 @@
+"""The seccomp policy of a test process: a classic BPF program, assembled here, loaded through ``prctl``.
+
+Denied (EPERM): ptrace, process_vm_*, kcmp, pidfd_getfd, bpf, perf_event_open, userfaultfd, keys, mount and
+namespace calls, io_uring, SysV/mq IPC, kernel-admin calls; ``socket`` for any family but AF_UNIX (EACCES);
+``clone`` with a CLONE_NEW* flag; ``clone3`` (ENOSYS, so glibc falls back to ``clone``, whose flags a filter
+can inspect); another architecture's calls kill the process. Options add no process creation, no
+``kill(pid <= 0)`` and no signal to one protected pid.
+"""
+
+import errno
+import os
+import struct
+
+from .libc import libc as _libc
+
+_ARCHES = {
+    # machine: (AUDIT_ARCH, {name: nr})
+    "x86_64": (0xC000003E, {
+        "socket": 41, "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101, "syslog": 103,
+        "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153, "modify_ldt": 154, "pivot_root": 155,
+        "_sysctl": 156, "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167,
+        "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
+        "quotactl": 179, "nfsservctl": 180, "lookup_dcookie": 212, "mq_open": 240, "kexec_load": 246,
+        "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
+        "fanotify_init": 300, "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308,
+        "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
+        "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "clone3": 435, "pidfd_getfd": 438, "shmget": 29, "semget": 64, "msgget": 68,
+        "tkill": 200, "tgkill": 234, "pidfd_open": 434,
+    }),
+    "aarch64": (0xC00000B7, {
+        "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
+        "chroot": 51, "acct": 89, "mount": 40, "umount2": 39, "swapon": 224, "swapoff": 225, "reboot": 142,
+        "init_module": 105, "delete_module": 106, "quotactl": 60, "nfsservctl": 42, "lookup_dcookie": 18,
+        "mq_open": 180, "kexec_load": 104, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97,
+        "perf_event_open": 241, "fanotify_init": 262, "name_to_handle_at": 264, "open_by_handle_at": 265,
+        "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "finit_module": 273,
+        "kexec_file_load": 294, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "clone3": 435, "pidfd_getfd": 438, "shmget": 194, "semget": 190, "msgget": 186,
+        "tkill": 130, "tgkill": 131, "pidfd_open": 434,
+    }),
+}
+DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "bpf", "perf_event_open",
+    "userfaultfd", "keyctl", "add_key", "request_key", "mount", "umount2", "pivot_root", "chroot", "swapon",
+    "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "unshare", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
+    "name_to_handle_at", "acct", "quotactl", "syslog", "shmget", "semget", "msgget", "mq_open", "fanotify_init",
+    "lookup_dcookie", "vhangup", "iopl", "ioperm", "modify_ldt", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl",
+)
+CLONE_THREAD = 0x00010000
+CLONE_NEW_ANY = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x04000000 | 0x08000000 | 0x02000000 | 0x80
+AF_UNIX = 1
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_RET_KILL_PROCESS = 0x80000000
+
+
+def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=None):
+    """The BPF program (bytes of ``struct sock_filter``) of our seccomp policy, or None on an unknown arch.
+
+    ``no_process_creation``: fork/vfork/clone without CLONE_THREAD fail (EAGAIN). ``no_kill_all``:
+    ``kill(pid <= 0, ...)`` fails. ``protect_pid``: no signal can be sent to that pid (the zygote, when
+    tests share its uid) and ``pidfd_open`` fails.
+    """
+    machine = os.uname().machine
+    if machine not in _ARCHES:
+        return None
+    arch, nrs = _ARCHES[machine]
+    # a tiny assembler: ("ld", off) | ("jeq", k, label_true) | ("jset", k, label_true) | ("ret", k) | ("label", n)
+    prog = [("ld", 4), ("jne", arch, "kill"), ("ld", 0)]
+    if machine == "x86_64":
+        prog.append(("jge", 0x40000000, "eperm"))  # the x32 ABI
+    for name in DENIED:
+        if name in nrs:
+            prog.append(("jeq", nrs[name], "eperm"))
+    prog.append(("jeq", nrs["clone3"], "enosys"))  # glibc falls back to clone(), whose flags we can inspect
+    prog.append(("jeq", nrs["socket"], "socket"))
+    prog.append(("jeq", nrs["clone"], "clone"))
+    for name in ("fork", "vfork"):
+        if name in nrs and no_process_creation:
+            prog.append(("jeq", nrs[name], "eagain"))
+    if no_kill_all or protect_pid is not None:
+        prog.append(("jeq", nrs["kill"], "kill_check"))
+    if protect_pid is not None:
+        prog.append(("jeq", nrs["tkill"], "tkill_check"))
+        prog.append(("jeq", nrs["tgkill"], "tkill_check"))
+        prog.append(("jeq", nrs["pidfd_open"], "eperm"))
+    prog += [("ret", _RET_ALLOW),
+             ("label", "socket"), ("ld", 16), ("jeq", AF_UNIX, "allow"), ("ret", _RET_ERRNO | errno.EACCES),
+             ("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY, "eperm")]
+    if no_process_creation:
+        prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
+    else:
+        prog += [("ret", _RET_ALLOW)]
+    if no_kill_all or protect_pid is not None:
+        # kill(pid, sig) with pid <= 0 (process groups, -1): the low word is 0 or has its sign bit set
+        prog += [("label", "kill_check"), ("ld", 16)]
+        if protect_pid is not None:
+            prog += [("jeq", protect_pid, "eperm")]
+        prog += [("jeq", 0, "eperm"), ("jset", 0x80000000, "eperm"), ("ret", _RET_ALLOW)]
+    if protect_pid is not None:
+        prog += [("label", "tkill_check"), ("ld", 16), ("jeq", protect_pid, "eperm"), ("ret", _RET_ALLOW)]
+    prog += [("label", "allow"), ("ret", _RET_ALLOW),
+             ("label", "eperm"), ("ret", _RET_ERRNO | errno.EPERM),
+             ("label", "eagain"), ("ret", _RET_ERRNO | errno.EAGAIN),
+             ("label", "enosys"), ("ret", _RET_ERRNO | errno.ENOSYS),
+             ("label", "kill"), ("ret", _RET_KILL_PROCESS)]
+    labels = {}
+    pos = 0
+    for ins in prog:
+        if ins[0] == "label":
+            labels[ins[1]] = pos
+        else:
+            pos += 1
+    out = []
+    pos = 0
+    for ins in prog:
+        op = ins[0]
+        if op == "label":
+            continue
+        if op == "ld":
+            out.append((0x20, 0, 0, ins[1]))  # BPF_LD | BPF_W | BPF_ABS
+        elif op == "ret":
+            out.append((0x06, 0, 0, ins[1]))  # BPF_RET | BPF_K
+        else:
+            off = labels[ins[2]] - pos - 1
+            if not 0 <= off <= 255:
+                raise ValueError("seccomp program too long for a short jump")
+            code = {"jeq": 0x15, "jne": 0x15, "jge": 0x35, "jset": 0x45}[op]  # BPF_JMP | JEQ/JGE/JSET | BPF_K
+            out.append((code, 0, off, ins[1]) if op == "jne" else (code, off, 0, ins[1]))
+        pos += 1
+    return b"".join(struct.pack("<HBBI", *ins) for ins in out)
+
+
+class SeccompFilter:
+    """A seccomp program ready to load: the ctypes structures are built once, before any fork."""
+
+    def __init__(self, program):
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        self._buf = ctypes.create_string_buffer(program, len(program))
+        self._fprog = SockFprog(len(program) // 8, ctypes.addressof(self._buf))
+        self._ref = ctypes.byref(self._fprog)
+        self._ctypes = ctypes
+
+    def install(self):
+        """Load the filter for this thread and its future children (sets no-new-privs first)."""
+        libc = _libc()
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(self._ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+        if libc.prctl(22, 2, self._ref, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(self._ctypes.get_errno(), "seccomp filter refused")
+
+
+def install_seccomp(program):
+    """Load ``program`` (from :func:`seccomp_program`) for this thread and its future children."""
+    SeccompFilter(program).install()

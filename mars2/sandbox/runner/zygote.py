@@ -1,0 +1,596 @@
+"""Sandbox-side zygote: runs untrusted programs on test inputs in confined children it forks.
+
+Started through the entry script ``mars2/sandbox/_runner.py`` (``python -I -S -B -X utf8 _runner.py
+CONFIG_JSON``) by :class:`mars2.sandbox.pool.Slot`, inside the slot's sandbox (bubblewrap, or a plain
+process at the weaker isolation level). It uses only the standard library plus :mod:`lcb_reference`
+(LiveCodeBench's own harness code, for ``parity=lcb``), found in the directory above this package.
+
+Process model. The zygote starts once per worker slot, imports LiveCodeBench's preamble modules (and,
+when the first ``parity=lcb`` program comes, LiveCodeBench's harness, ``unittest.mock`` and numpy),
+then serves requests from the grader on its stdin/stdout pipes (length-prefixed frames, see
+:mod:`.wire`): a program, then its tests one at a time. The zygote never executes program code; it
+forks a *test process* that (:mod:`.confine`)
+
+1. gets its own scratch directory, stdin/stdout/stderr files, and no other descriptor;
+2. sets rlimits (CPU, address space, file size, open files, processes, no core), drops to the slot's
+   dedicated unprivileged uid/gid (when the zygote may), sets no-new-privs and parent-death SIGKILL,
+   applies Landlock (weaker level only) and a seccomp filter (no ptrace, no sockets but AF_UNIX, no
+   namespaces, no io_uring, no SysV/mq IPC, no kernel-admin calls; when tests share the zygote's uid
+   also no signal to the zygote, and at the weaker level without a dedicated uid no process creation
+   and no ``kill(-1)``);
+3. runs the tests (:mod:`.script_parity`, :mod:`.lcb_parity`):
+
+   * ``parity=script`` (default): one test process per program runs its tests one after the other,
+     each as a real script in a fresh ``__main__`` module with fresh stdin/stdout/stderr files and a
+     wiped scratch directory, the process state a program may change put back between tests; a test
+     that crashes, times out or leaves a thread or process running ends the process, and the next
+     test gets a fresh one. ``isolate_tests``: a freshly forked process per test instead.
+   * ``parity=lcb``: one test process per program runs LiveCodeBench's own ``run_test`` logic (its
+     ``reliability_guard``, the stdin program wrapped in ``wrapped_function``, mocked stdin, captured
+     ``sys.stdout``, one ``Solution()`` instance shared by the tests).
+
+The zygote measures each test's CPU time (``/proc``, ``wait4``), enforces the wall-clock deadline,
+kills every process a test process left behind (``kill(-1, SIGKILL)`` inside the pid namespace, or by
+uid) and sends the grader the raw stdout (stdin tests) or the typed-JSON return value
+(:mod:`.values`, functional tests) with the status. The expected outputs never enter the
+sandbox: the grader compares.
+"""
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+from .confine import EXIT_SETUP_FAILED, confine_test_process
+from .errors import PROGRAM_NAME, STDERR_TAIL, exception_only, format_error, join_text, parse_record, signal_verdict
+from .files import read_head, read_tail, rmtree, write_all
+from .landlock import landlock_ruleset
+from .lcb_parity import lcb_child, load_harness
+from .libc import libc as _libc
+from .procs import ns_pids, proc_cpu, reap_children, vm_size, wait_exit
+from .script_parity import PREAMBLE, run_script_child, script_session_child
+from .seccomp import SeccompFilter, seccomp_program
+from .wire import FRAME, read_frame, write_frame
+
+RECORD_CAP = 64 * 1024  # a test's status record, and a result frame's header from a test process
+
+
+class Zygote:
+    """One worker slot's zygote. ``cfg`` is the JSON the grader starts it with (:meth:`mars2.sandbox.pool.Slot.start`):
+    ``uid``/``gid`` of the tests (None: our own), ``pidns``, ``scratch_root``, ``sys_path`` (site directories),
+    ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.ctl_in = os.dup(0)
+        self.ctl_out = os.dup(1)
+        os.set_inheritable(self.ctl_in, False)
+        os.set_inheritable(self.ctl_out, False)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        self.pid = os.getpid()
+        self.uid = cfg.get("uid")
+        self.gid = cfg.get("gid")
+        self.pidns = bool(cfg.get("pidns"))
+        self.scratch_root = cfg["scratch_root"]
+        os.makedirs(self.scratch_root, mode=0o755, exist_ok=True)
+        os.chmod(self.scratch_root, 0o755)
+        self.seq = 0
+        for path in cfg.get("sys_path", []):
+            if path not in sys.path:
+                sys.path.append(path)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the mounted sandbox directory
+        if here not in sys.path:
+            sys.path.append(here)
+        if hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(50000)  # LiveCodeBench's harness sets this at import
+        import site
+
+        site.setquit()  # exit() and quit(), which -S leaves out
+        self.preamble = compile(PREAMBLE, "<preamble>", "exec")
+        # the preamble only imports: run it once here, children copy the names it binds
+        self.preamble_names = {}
+        exec(self.preamble, self.preamble_names)
+        self.preamble_names.pop("__builtins__", None)
+        import atexit  # noqa: F401
+        import builtins  # noqa: F401
+        import threading  # noqa: F401
+        import traceback  # noqa: F401
+        import types  # noqa: F401
+
+        self.lcb = None
+        self.open_mocks = []
+        seccomp_on = cfg.get("seccomp", False)
+        shared_uid = self.uid is None  # tests run as our own uid: keep them from signalling us
+        program = seccomp_program(no_process_creation=cfg.get("deny_fork", False),
+                                  no_kill_all=not self.pidns or shared_uid,
+                                  protect_pid=os.getpid() if shared_uid else None) if seccomp_on else None
+        self.seccomp = SeccompFilter(program) if program is not None else None
+        self.landlock_fd = None
+        if cfg.get("landlock"):
+            self.landlock_fd, _ = landlock_ruleset(cfg.get("landlock_read", []), [self.scratch_root])
+        _libc()
+        self.base_vm = vm_size()
+        # not dumpable: a test running as our uid (no dedicated uid) cannot read our memory via /proc
+        _libc().prctl(4, 0, 0, 0, 0)
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        self.program = None
+
+    def _load_lcb(self):
+        """LiveCodeBench's harness, loaded the first time a ``parity=lcb`` program comes (a zygote serving
+        only script programs stays smaller, and forks faster), with the premade ``mock_open()``s
+        (:func:`.lcb_parity.load_harness`)."""
+        if self.lcb is not None:
+            return self.lcb
+        self.lcb, self.open_mocks = load_harness()
+        self.base_vm = vm_size()  # a program's address-space allowance comes on top of what we map
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        return self.lcb
+
+    # ---- protocol -------------------------------------------------------------------------------
+
+    def serve(self):
+        write_frame(self.ctl_out, {"op": "ready", "pid": os.getpid(), "uid": os.getuid(),
+                                   "child_uid": self.uid, "seccomp": self.seccomp is not None,
+                                   "landlock": self.landlock_fd is not None, "base_vm": self.base_vm})
+        while True:
+            try:
+                header, payload = read_frame(self.ctl_in)
+            except EOFError:
+                return
+            op = header.get("op")
+            if op in ("program", "test"):
+                try:
+                    (self.on_program if op == "program" else self.on_test)(header, payload)
+                except Exception as exc:  # a bug of ours: report it (the grader restarts this slot)
+                    import traceback
+
+                    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
+                    write_frame(self.ctl_out, {"op": "compiled" if op == "program" else "result",
+                                               "status": "SETUP", "error": text[-STDERR_TAIL:]})
+            elif op == "end":
+                self.on_end()
+            elif op == "ping":
+                write_frame(self.ctl_out, {"op": "pong"})
+            elif op == "exit":
+                self.on_end()
+                return
+            else:
+                write_frame(self.ctl_out, {"op": "error", "error": f"unknown op {op!r}"})
+
+    def on_program(self, header, payload):
+        self.on_end()
+        source = payload.decode("utf-8", "replace")
+        program = {"mode": header["mode"], "parity": header.get("parity", "script"),
+                   "func_name": header.get("func_name"), "limits": header["limits"], "source": source,
+                   "code": None, "session": None, "ntests": header.get("ntests", 1),
+                   "isolate": bool(header.get("isolate"))}
+        reply = {"op": "compiled", "status": "ok"}
+        if program["parity"] == "script":
+            try:
+                program["code"] = compile(source, PROGRAM_NAME, "exec", dont_inherit=True)
+            except BaseException as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+                reply = {"op": "compiled", "status": "CE", "error": exception_only(exc)}
+            if program["code"] is not None and program["isolate"]:
+                # the program's module, preamble names included, built here once: test children only
+                # add to it (copying ~1000 names in each child would cost a page fault per object)
+                import builtins
+                import types
+
+                module = types.ModuleType("__main__" if program["mode"] == "stdin" else "solution")
+                module.__dict__.update(self.preamble_names)
+                module.__file__ = PROGRAM_NAME
+                module.__builtins__ = builtins
+                program["module"] = module
+        elif program["parity"] == "lcb":
+            self._load_lcb()
+        self.program = program
+        write_frame(self.ctl_out, reply)
+
+    def on_test(self, header, payload):
+        program = self.program
+        if program is None:
+            write_frame(self.ctl_out, {"op": "result", "status": "RE", "error": "no program"})
+            return
+        if program["parity"] == "lcb":
+            reply, out = self.test_session(program, payload, self._lcb_child)
+        elif program["isolate"]:
+            reply, out = self.test_script(program, payload)
+        else:
+            reply, out = self.test_session(program, payload, self._script_session_child)
+        reply["op"] = "result"
+        reply["index"] = header.get("index")
+        write_frame(self.ctl_out, reply, out)
+
+    def on_end(self):
+        program = self.program
+        self.program = None
+        if program is not None and program.get("session") is not None:
+            self._close_session(program["session"])
+        self._kill_leftovers()
+
+    # ---- one test in a fresh child (parity=script) ------------------------------------------------
+
+    def _new_io(self, stdin_bytes, session=False):
+        """A fresh scratch directory (owned by the test's uid) and anonymous in-memory files for the
+        test's stdin (the input only), stdout, stderr, status record and return value.
+
+        For a session (several tests in one process) the scratch directory is ``<dir>/work`` inside a
+        directory of the zygote's, so that a test cannot leave files outside ``work``, which is wiped
+        between tests; ``scratch`` is then ``<dir>`` (removed as a whole at the end)."""
+        self.seq += 1
+        scratch = os.path.join(self.scratch_root, f"w{self.seq}")
+        if session:
+            os.mkdir(scratch)
+            os.chmod(scratch, 0o755)  # (our umask is 077)
+            work = os.path.join(scratch, "work")
+            os.mkdir(work, 0o700)
+            if self.uid is not None:
+                os.chown(work, self.uid, self.gid)
+        else:
+            os.mkdir(scratch, 0o700)
+            if self.uid is not None:
+                os.chown(scratch, self.uid, self.gid)
+        fds = {name: os.memfd_create(f"mars2-{name}", os.MFD_CLOEXEC) for name in ("in", "out", "err", "rec", "val")}
+        if stdin_bytes:
+            write_all(fds["in"], stdin_bytes)
+            os.lseek(fds["in"], 0, os.SEEK_SET)
+        return scratch, fds
+
+    def _cleanup_io(self, scratch, fds):
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        rmtree(scratch)
+
+    def test_script(self, program, payload):
+        limits = program["limits"]
+        mode = program["mode"]
+        if program["code"] is None:
+            return {"status": "CE", "error": "program did not compile"}, b""
+        scratch, fds = self._new_io(payload if mode == "stdin" else b"")
+        try:
+            pid = os.fork()
+            if pid == 0:
+                self._child(limits, scratch, fds, stdout_to_null=(mode != "stdin"))
+                try:
+                    run_script_child(program, payload)
+                finally:
+                    os._exit(EXIT_SETUP_FAILED)
+            waited = self._wait(pid, limits["wall_s"])
+            self._kill_leftovers()
+            return self._collect(waited, limits, fds, mode)
+        finally:
+            self._cleanup_io(scratch, fds)
+
+    def _child(self, limits, scratch, fds, stdout_to_null=False):
+        """Runs in the forked child: confine it (:func:`.confine.confine_test_process`)."""
+        confine_test_process(limits, scratch, fds, zygote_pid=self.pid, uid=self.uid, gid=self.gid, pidns=self.pidns,
+                             base_vm=self.base_vm, landlock_fd=self.landlock_fd, seccomp=self.seccomp,
+                             stdout_to_null=stdout_to_null)
+
+    def _grader_gone(self):
+        """The grader closed our control pipe (it exited or was killed): take everything down."""
+        poller = select.poll()
+        poller.register(self.ctl_in, select.POLLIN)
+        events = poller.poll(0)
+        return bool(events) and bool(events[0][1] & (select.POLLHUP | select.POLLERR))
+
+    def _die(self):
+        self._kill_leftovers()
+        os._exit(0)
+
+    def _wait(self, pid, wall_s):
+        """Wait for ``pid`` until the wall-clock deadline; kill it then. Returns (status, rusage, wall, killed).
+
+        Also watches the control pipe: if the grader goes away, the test and the zygote end at once.
+        """
+        start = time.monotonic()
+        deadline = start + wall_s
+        killed = False
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                if pidfd is not None:
+                    poller = select.poll()
+                    poller.register(pidfd, select.POLLIN)
+                    poller.register(self.ctl_in, select.POLLHUP)
+                    events = dict(poller.poll(max(1, int(remaining * 1000) + 1)))
+                    if pidfd in events:
+                        break
+                    if self.ctl_in in events:
+                        os.kill(pid, signal.SIGKILL)
+                        self._die()
+                else:
+                    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                        break
+                    if self._grader_gone():
+                        os.kill(pid, signal.SIGKILL)
+                        self._die()
+                    time.sleep(0.002)
+            if time.monotonic() >= deadline and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                killed = True
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        _, status, rusage = os.wait4(pid, 0)
+        return status, rusage, time.monotonic() - start, killed
+
+    def _collect(self, waited, limits, fds, mode):
+        status, rusage, wall, killed = waited
+        cpu = rusage.ru_utime + rusage.ru_stime
+        out = read_head(fds["out"], limits["output_bytes"]) if mode == "stdin" else b""
+        err = read_tail(fds["err"], STDERR_TAIL).decode("utf-8", "replace")
+        reply = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "maxrss_kb": rusage.ru_maxrss}
+        if killed:
+            reply.update(status="TLE", error=f"wall-clock limit ({limits['wall_s']:g} s)")
+            return reply, out
+        if os.WIFSIGNALED(status):
+            reply.update(signal_verdict(os.WTERMSIG(status), cpu, limits, err))
+            return reply, out
+        if cpu > limits["time_s"]:
+            reply.update(status="TLE", error=f"CPU time limit ({limits['time_s']:g} s; used {cpu:.2f} s)")
+            return reply, out
+        code = os.WEXITSTATUS(status)
+        record = parse_record(read_head(fds["rec"], RECORD_CAP))
+        if code == EXIT_SETUP_FAILED and record is None:
+            reply.update(status="SETUP", error=join_text("the sandbox could not confine the test", err))
+            return reply, out
+        if record is None or code != 0:
+            reason = f"exited with code {code}" if code != 0 else "exited before the runner could report (os._exit?)"
+            reply.update(status="RE", error=join_text(reason, err))
+            return reply, out
+        run_status = record.get("status")
+        if run_status not in ("ok", "RE", "MLE", "CE"):
+            reply.update(status="RE", error="malformed runner record")
+            return reply, out
+        reply["status"] = run_status
+        if run_status != "ok":
+            reply["error"] = str(record.get("error", ""))[-STDERR_TAIL:]
+        elif mode == "functional":
+            out = read_head(fds["val"], limits["output_bytes"] + 1)
+            if len(out) > limits["output_bytes"]:
+                reply.update(status="OLE", error=f"return value larger than {limits['output_bytes']} bytes")
+                out = b""
+        if mode == "stdin" and os.fstat(fds["out"]).st_size > limits["output_bytes"]:
+            reply.update(status="OLE", error=f"output limit ({limits['output_bytes']} bytes) exceeded")
+        return reply, out
+
+    # ---- one child per program serves every test (parity=lcb, like LiveCodeBench's process; script) --
+
+    def test_session(self, program, payload, child_fn, retried=False):
+        """One test in the program's long-lived test process (opened on demand, see :meth:`_open_session`).
+
+        The process is closed, and the next test gets a fresh one, after a test that timed out, crashed,
+        or (script mode) left threads or processes behind. If a process that already ran tests cannot
+        even start the next one (an earlier test broke something the runner needs), the test is run
+        again in a fresh process: only a fresh process failing that way is reported as a sandbox fault.
+        """
+        reply, out = self._test_session_once(program, payload, child_fn)
+        session_tests = reply.pop("session_tests", 0)
+        if reply.get("status") == "SETUP" and session_tests > 0 and not retried:
+            return self.test_session(program, payload, child_fn, retried=True)
+        return reply, out
+
+    def _test_session_once(self, program, payload, child_fn):
+        limits = program["limits"]
+        session = program.get("session")
+        if session is None:
+            session = self._open_session(program, child_fn)
+            program["session"] = session
+        cpu_before = proc_cpu(session["pid"])
+        done_before = session["tests"]
+        session["tests"] += 1
+        start = time.monotonic()
+        try:
+            write_frame(session["to_child"], {"op": "test"}, payload)
+            frame = self._read_child(session, start + limits["wall_s"])
+        except OSError:
+            frame = "eof"
+        wall = time.monotonic() - start
+        if not isinstance(frame, tuple):
+            # "eof": the process is exiting (its pipe closes before it becomes a zombie: give it a moment)
+            alive = frame == "timeout" or not wait_exit(session["pid"], 2.0)
+            self._close_session(session)
+            program["session"] = None
+            status, rusage = session.get("exit", (None, None))
+            cpu = max(0.0, rusage.ru_utime + rusage.ru_stime - cpu_before) if rusage is not None else 0.0
+            reply = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "session_tests": done_before}
+            if alive:
+                reply.update(status="TLE", error=f"wall-clock limit ({limits['wall_s']:g} s)")
+            elif status is not None and os.WIFSIGNALED(status):
+                reply.update(signal_verdict(os.WTERMSIG(status), cpu, limits))
+            elif status is not None and os.WEXITSTATUS(status) == EXIT_SETUP_FAILED:
+                reply.update(status="SETUP",
+                             error=join_text("the test process could not start", session.get("err_tail", "")))
+            elif session.get("error"):
+                reply.update(status="RE", error=session["error"])
+            elif program["parity"] == "lcb":
+                reply.update(status="RE", error="the test process exited without a result "
+                                                "(LiveCodeBench counts this as a global failure, -1)")
+            else:
+                code = os.WEXITSTATUS(status) if status is not None else -1
+                reply.update(status="RE", error=(f"exited with code {code}" if code else
+                                                 "exited before the runner could report (os._exit?)"))
+            return reply, b""
+        header, out = frame
+        cpu = max(0.0, proc_cpu(session["pid"]) - cpu_before)
+        reply = {"status": header.get("status", "RE"), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
+                 "session_tests": done_before}
+        if reply["status"] == "SETUP":
+            reply["error"] = str(header.get("error", ""))[-STDERR_TAIL:]
+        elif reply["status"] not in ("ok", "RE", "MLE", "CE", "TLE"):
+            reply.update(status="RE", error="malformed result from the test process")
+        elif "error" in header:
+            reply["error"] = str(header["error"])[-STDERR_TAIL:]
+        if reply["status"] == "ok" and cpu > limits["time_s"]:
+            reply.update(status="TLE", error=f"CPU time limit ({limits['time_s']:g} s; used {cpu:.2f} s)")
+        if len(out) > limits["output_bytes"]:
+            reply.update(status="OLE", error=f"output limit ({limits['output_bytes']} bytes) exceeded")
+            out = b""
+        if header.get("dirty") or reply["status"] in ("TLE", "SETUP"):
+            self._close_session(session)
+            program["session"] = None
+        return reply, out
+
+    def _open_session(self, program, child_fn):
+        """Fork the confined process that runs this program's tests one after the other (fd 3: test
+        frames in, fd 4: result frames out)."""
+        limits = dict(program["limits"])
+        # one process runs every test: its CPU cap covers all of them (each test is checked on its own)
+        limits["time_s_total"] = (limits["time_s"] + 1) * max(1, program["ntests"]) + 1
+        scratch, fds = self._new_io(b"", session=True)
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe2(os.O_CLOEXEC)
+        os.set_inheritable(to_child_w, False)
+        pid = os.fork()
+        if pid == 0:
+            # the child reads test frames on fd 3 and writes results on fd 4 (where script children
+            # find their record/value files)
+            self._child(limits, os.path.join(scratch, "work"), {**fds, "rec": to_child_r, "val": from_child_w},
+                        stdout_to_null=False)
+            try:
+                child_fn(program)
+            except BaseException as exc:
+                try:
+                    text = "test process failed: " + format_error(exc, __file__)
+                    os.write(2, text.encode("utf-8", "replace"))
+                    write_frame(4, {"status": "SETUP", "error": text})
+                finally:
+                    os._exit(EXIT_SETUP_FAILED)
+            finally:
+                os._exit(EXIT_SETUP_FAILED)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": scratch,
+                "fds": fds, "dead": False, "tests": 0}
+
+    def _read_child(self, session, deadline):
+        """One ``(header, payload)`` frame from the test process before ``deadline``; else ``"timeout"``
+        or ``"eof"`` (it exited, or sent something malformed)."""
+        fd = session["from_child"]
+        buf = session["buf"]
+        while True:
+            if len(buf) >= FRAME.size:
+                hlen, plen = FRAME.unpack(buf[:FRAME.size])
+                if hlen > RECORD_CAP or plen > self.program["limits"]["output_bytes"] + 1:
+                    session["error"] = "malformed or oversized result from the test process"
+                    return "eof"
+                total = FRAME.size + hlen + plen
+                if len(buf) >= total:
+                    try:
+                        header = json.loads(buf[FRAME.size:FRAME.size + hlen].decode("utf-8"))
+                    except (ValueError, UnicodeDecodeError):
+                        session["error"] = "malformed result from the test process"
+                        return "eof"
+                    session["buf"] = buf[total:]
+                    return (header if isinstance(header, dict) else {}), buf[FRAME.size + hlen:total]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.register(self.ctl_in, select.POLLHUP)
+            events = dict(poller.poll(max(1, int(remaining * 1000) + 1)))
+            if self.ctl_in in events and fd not in events:
+                self._close_session(session)
+                self._die()
+            if fd not in events:
+                return "timeout"
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return "eof"
+            buf += chunk
+            session["buf"] = buf
+
+    def _close_session(self, session):
+        if session.get("closed"):
+            return
+        session["closed"] = True
+        for key in ("to_child", "from_child"):
+            try:
+                os.close(session[key])
+            except OSError:
+                pass
+        try:
+            os.kill(session["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            _, status, rusage = os.wait4(session["pid"], 0)
+            session["exit"] = (status, rusage)
+        except ChildProcessError:
+            pass
+        try:
+            session["err_tail"] = read_tail(session["fds"]["err"], STDERR_TAIL).decode("utf-8", "replace")
+        except OSError:
+            pass
+        self._cleanup_io(session["scratch"], session["fds"])
+        self._kill_leftovers()
+
+    def _script_session_child(self, program):
+        script_session_child(program, self.preamble_names)
+
+    def _lcb_child(self, program):
+        lcb_child(program, self.lcb, self.open_mocks)
+
+    # ---- cleanup ----------------------------------------------------------------------------------
+
+    def _kill_leftovers(self):
+        """Kill every process a test left behind (daemons, setsid() escapees), then wait until gone."""
+        if self.pidns:
+            me = os.getpid()
+            others = ns_pids(me)
+            if not others:
+                return
+            try:
+                os.kill(-1, signal.SIGKILL)  # everything in our pid namespace but us and its init
+            except ProcessLookupError:
+                return
+            reap_children()
+            deadline = time.monotonic() + 5.0
+            while ns_pids(me) and time.monotonic() < deadline:
+                reap_children()
+                time.sleep(0.005)
+        elif self.uid is not None:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setgroups([])
+                    os.setresgid(self.gid, self.gid, self.gid)
+                    os.setresuid(self.uid, self.uid, self.uid)
+                    for _ in range(3):
+                        try:
+                            os.kill(-1, signal.SIGKILL)  # every process of the slot's own uid but us
+                        except ProcessLookupError:
+                            break
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            reap_children()
+        else:
+            reap_children()
