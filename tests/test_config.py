@@ -68,7 +68,7 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
     (["agents.members.0.backend=vllm"], "vllm backend runs only on GPUs"),
     (["agents.members.1.shares_weights_with=qwen_tiny"], "heterogeneous preset needs"),
     (["agents.members.0.deepspeed=zero9"], "Profiles in conf/deepspeed/"),
-    (["debug.fail_at=nowhere"], "is not a stage"),
+    (["debug.fail_at=nowhere"], "debug.fail_at='nowhere' is unknown"),
     (["search.n_samples=0"], "n_samples"),
     (["eval.split=test"], "eval.split='test' is unknown"),
     (["agents.members.0.update_procs=0"], "update_procs=0 must be >= 1"),

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mars2.config import ISOLATIONS, PARITIES
 from mars2.data.lcb import LINE_KEY, MALFORMED_KEY, load_problems, read_jsonl_rows
 from mars2.data.schema import Problem
 
@@ -57,9 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="sandbox slots (0 = one per CPU core)")
     p.add_argument("--time-limit", type=float, default=6.0, help="CPU seconds per test (LiveCodeBench: 6)")
     p.add_argument("--memory-mb", type=int, default=1024, help="address space per test, MiB")
-    p.add_argument("--parity", choices=("script", "lcb"), default="script",
+    p.add_argument("--parity", choices=PARITIES, default="script",
                    help="script: run programs as real scripts (default); lcb: reproduce LiveCodeBench's harness quirks")
-    p.add_argument("--isolation", choices=("auto", "bwrap", "process"), default="auto")
+    p.add_argument("--isolation", choices=ISOLATIONS, default="auto")
     p.add_argument("--stop-at-first-failure", action="store_true",
                    help="stop a program at its first failing test (faster; default: run every test)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
+from mars2.config import PARITIES
 from mars2.data.schema import TestCase
 from mars2.sandbox.compare import MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches
 from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, SandboxStartError, TestRun, shared_pool
@@ -45,7 +46,6 @@ from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, V
 
 ERROR_TAIL_LINES = 10
 ERROR_TAIL_CHARS = 1000
-PARITIES = ("script", "lcb")
 MAX_PROGRAM_BYTES = 1 << 20
 
 

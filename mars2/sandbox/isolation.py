@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mars2.config import ISOLATIONS as LEVELS
+
 log = logging.getLogger(__name__)
 
 SANDBOX_DIR = str(Path(__file__).resolve().parent)
 RUNNER_PATH = os.path.join(SANDBOX_DIR, "_runner.py")
 MOUNTED_SANDBOX_DIR = "/sandbox"
 SCRATCH_IN_BWRAP = "/tmp/sb"
-LEVELS = ("auto", "bwrap", "process")
 UID_BASE = int(os.environ.get("MARS2_SANDBOX_UID_BASE", "61000"))
 UID_COUNT = int(os.environ.get("MARS2_SANDBOX_UID_COUNT", "512"))
 CGROUP_NAME = "mars2-sandbox"

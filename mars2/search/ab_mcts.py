@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mars2.config import DISTS
+
 ROOT = -1
 
 
@@ -126,7 +128,7 @@ class ABMCTSA:
     """Stateless policy: all state lives in the :class:`SearchTree` the caller passes in."""
 
     def __init__(self, prior: Prior = Prior(), depth_decay: DepthDecay | None = None):
-        if prior.dist not in ("gaussian", "beta"):
+        if prior.dist not in DISTS:
             raise ValueError(f"unknown posterior {prior.dist!r}; allowed: gaussian, beta")
         self.prior = prior
         self.depth_decay = depth_decay
