@@ -25,8 +25,8 @@ from prefect.runtime import deployment, flow_run
 
 from mars2.sandbox import isolation_params
 from tasks import tracking
-from tasks._agents import model_dir, owner_of
-from tasks._stage import StageContext
+from tasks.weights import model_dir, owner_of
+from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml

@@ -9,11 +9,11 @@ from prefect import task
 
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
-from tasks._agents import owner_of
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import owner_of
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "advantage"
-MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks._agents")
+MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks.weights")
 ROUTED_COLUMNS = ["problem_id", "node_id", "agent", "prompt_ids", "response_ids", "logprobs", "reward", "shaped",
                   "advantage"]
 

@@ -8,7 +8,7 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "agents"
 MODULES = ("mars2.models", "mars2.io", "tasks.agents")

@@ -15,13 +15,13 @@ from prefect import task
 
 from mars2.config import AgentConfig
 from mars2.io import atomic_write_json
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import model_dir, tokenizer_dir
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "bootstrap"
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.search.prompts", "mars2.data.schema", "mars2.data.tables", "mars2.io",
-           "tasks.bootstrap", "tasks._agents")
+           "tasks.bootstrap", "tasks.weights")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:

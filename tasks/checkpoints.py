@@ -13,11 +13,11 @@ from prefect import task
 
 from mars2.config import ConfigError
 from mars2.io import sha256_file
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import model_dir, tokenizer_dir
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "tasks._agents")
+MODULES = ("mars2.io", "tasks.checkpoints", "tasks.weights")
 
 
 class CheckpointError(ConfigError):

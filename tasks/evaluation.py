@@ -22,12 +22,12 @@ from prefect import task
 from mars2.config import AgentConfig, EvalConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.grading import grade_rows
 
 STAGE = "evaluation"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.data", "mars2.io",
-           "tasks.evaluation", "tasks.grading", "tasks.rollout", "tasks._agents")
+           "tasks.evaluation", "tasks.grading", "tasks.rollout", "tasks.weights")
 TEAM = "team"
 
 

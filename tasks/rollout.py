@@ -10,12 +10,12 @@ from prefect import task
 from mars2.config import AgentConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
-from tasks._agents import load_backend
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import load_backend
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "rollout"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
-           "tasks._agents")
+           "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="rollout-c{cycle}")
@@ -50,7 +50,7 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
                   batch_size: int) -> dict:
     """Each agent's backend (shared between roles of one set of weights), tokenizer and role prompt."""
     from mars2.search.tree_search import AgentRunner
-    from tasks._agents import owner_of
+    from tasks.weights import owner_of
 
     loaded: dict[str, tuple] = {}
     runners = {}

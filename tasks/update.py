@@ -10,11 +10,11 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig, ConfigError, TrainConfig
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import model_dir, tokenizer_dir
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "update"
-MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks._agents")
+MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True,

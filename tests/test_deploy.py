@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from mars2.config import ConfigError, OrchestrationConfig
-from tasks._stage import StageContext, StageRecord, stage_digest
+from tasks.stage import StageContext, StageRecord, stage_digest
 from tasks.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]

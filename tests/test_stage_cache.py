@@ -8,7 +8,7 @@ import pytest
 
 from mars2.config import DataConfig
 from mars2.io import atomic_dir, atomic_write_text
-from tasks._stage import (
+from tasks.stage import (
     MANIFEST,
     RESULTS_DIR,
     StageContext,

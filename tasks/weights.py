@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from mars2.config import AgentConfig
-from tasks._stage import StageRecord
+from tasks.stage import StageRecord
 
 
 def owner_of(member: AgentConfig) -> str:
