@@ -183,7 +183,7 @@ def test_updates_change_every_agents_weights_through_its_engine(runs):
     last = {}  # each agent's latest step (a step on flat trees alone has zero advantages and moves nothing)
     for p in (home / "artifacts" / "update").glob("*/MANIFEST.json"):
         m = json.loads(p.read_text())
-        (owner,) = m["meta"]["model_dirs"]
+        (owner,) = m["weights"]
         step = m["metrics"].get("update_step", 0.0)
         if step > last.get(owner, (0.0, None))[0]:
             last[owner] = (step, m)
