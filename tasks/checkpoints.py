@@ -1,23 +1,24 @@
 """Checkpoints from outside the current flow run (flows/evaluate.py): trained weights of an earlier run, or any
-HF model folder, as a record shaped like an ``agents`` record (``meta.model_dirs`` per weight owner).
+HF model folder, as a record shaped like an ``agents`` record (``weights``: :class:`AgentWeights` per weight owner).
 
-The record's key holds the sha256 of every file of each checkpoint, so evaluating a changed checkpoint runs
-again and evaluating the same files twice comes from cache, wherever the folder sits.
+The record's key holds a fingerprint of every file of each checkpoint (:func:`mars2.io.file_fingerprint` with
+mtimes: sha256 of small files; size, both ends and mtime of weight shards from 64 MiB up), so evaluating a changed
+checkpoint runs again and evaluating the same files twice comes from cache, wherever the folder sits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from prefect import task
 
 from mars2.config import ConfigError
-from mars2.io import sha256_file
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from mars2.io import folder_fingerprints
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "tasks._agents")
+MODULES = ("mars2.io", "tasks.checkpoints", "tasks.weights")
 
 
 class CheckpointError(ConfigError):
@@ -27,7 +28,8 @@ class CheckpointError(ConfigError):
 
 
 def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[str, dict[str, str]]:
-    """sha256 of every file of each checkpoint folder; raises :class:`CheckpointError` with what to fix."""
+    """Fingerprint of every file of each checkpoint folder (folders we do not own: large files add their mtime);
+    raises :class:`CheckpointError` with what to fix."""
     unknown = sorted(set(checkpoints) - set(owners))
     if unknown:
         raise CheckpointError(f"eval.checkpoints names {unknown}, which own no weights in this preset; "
@@ -40,7 +42,7 @@ def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[st
                                   "folder of an update stage, or an HF model folder)")
         if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
             raise CheckpointError(f"checkpoint of {owner!r}: {folder} holds no *.safetensors or *.bin weights")
-        out[owner] = {str(f.relative_to(path)): sha256_file(f) for f in sorted(path.rglob("*")) if f.is_file()}
+        out[owner] = folder_fingerprints(path, with_mtime=True)
     return out
 
 
@@ -52,10 +54,11 @@ def import_checkpoints(ctx: StageContext, checkpoints: dict[str, str], hashes: d
     def produce(out: Path) -> dict:
         from mars2.io import atomic_write_json
 
-        model_dirs = {o: model_dir(agents, o) for o in agents.meta["model_dirs"]}
-        model_dirs |= {o: str(Path(p).resolve()) for o, p in checkpoints.items()}
-        tokenizer_dirs = {o: tokenizer_dir(agents, o) for o in agents.meta["tokenizer_dirs"]}
-        atomic_write_json(out / "checkpoints.json", {"model_dirs": model_dirs, "sha256": hashes})
-        return {"meta": {"model_dirs": model_dirs, "tokenizer_dirs": tokenizer_dirs}}
+        weights = {o: agents.weights_of(o) for o in agents.weights}
+        weights |= {o: dataclasses.replace(weights[o], model_dir=str(Path(p).resolve()), optimizer_dir=None, buffer=None)
+                    for o, p in checkpoints.items()}
+        atomic_write_json(out / "checkpoints.json", {"model_dirs": {o: w.model_dir for o, w in weights.items()},
+                                                     "fingerprints": hashes})
+        return {"weights": weights}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)

@@ -22,13 +22,13 @@ from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, 
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
 from mars2.search.run import public_grader
-from tasks._agents import agent_runners
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import agent_runners
 from tasks.grading import grade_rows
 
 STAGE = "evaluation"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.data", "mars2.io",
-           "tasks.evaluation", "tasks.grading", "tasks._agents")
+           "tasks.evaluation", "tasks.grading", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")

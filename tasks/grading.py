@@ -10,7 +10,7 @@ from prefect import task
 from mars2.config import GradingConfig
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "grading"
 MODULES = ("mars2.sandbox", "mars2.data", "mars2.io", "tasks.grading")

@@ -12,7 +12,7 @@ from rich.table import Table
 from mars2.config import RunConfig
 from mars2.io import write_parquet
 from tasks import tracking
-from tasks._stage import StageContext, StageRecord
+from tasks.stage import StageContext, StageRecord
 
 
 @dataclass

@@ -32,7 +32,7 @@ from prefect import flow
 
 from mars2.config import ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
-from tasks._stage import RESULTS_DIR, StageRecord
+from tasks.stage import RESULTS_DIR, StageRecord
 from tasks.advantage import compute_advantages
 from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mars2.config import RunConfig
-from tasks._stage import StageRecord
+from tasks.stage import StageRecord
 
 ARTEFACTS_TO_LOG = ("verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json", "trees.png",
                     "samples.parquet", "eval_trees.parquet", "by_difficulty.png")

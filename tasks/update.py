@@ -10,11 +10,10 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
-from tasks._agents import model_dir, tokenizer_dir
-from tasks._stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "update"
-MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks._agents")
+MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True,
@@ -22,7 +21,8 @@ MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks._agents
 def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, profile: dict[str, Any],
                   weights: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
                   temperature: float = 1.0) -> StageRecord:
-    """New weights (``model/``, safetensors), optimizer/scheduler/RNG state (``ds/``) and sample buffer of ``member``.
+    """New weights (``model/``: a complete HF folder, safetensors + tokenizer files), optimizer/scheduler/RNG state
+    (``ds/``) and sample buffer of ``member``, handed on as ``record.weights[member.name]``.
 
     ``member.processes > 1`` (``gpus`` or ``update_procs``): the step runs data parallel on that many torchrun ranks
     (:mod:`mars2.train.launch`), the same update as one process makes. ``temperature``: the rollouts' sampling
@@ -31,6 +31,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
     The agent's buffer = samples carried over from earlier cycles + the samples routed to it now. When it holds
     at least ``train.train_batch`` samples the agent takes one step on all of them (computing their log-probs
     itself) and the buffer empties; otherwise the record points at the previous weights and keeps the buffer.
+    An update whose previous optimizer state was pruned (``train.keep_optimizer_states``) fails saying so.
     """
     owner = member.name
     check_machine([member], stage=f"update/{owner}")  # pools mode: the flow's machine checked only the config
@@ -40,18 +41,18 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
 
         from mars2.io import write_parquet
         from mars2.train import Sample, UpdateHParams, update_agent
+        from mars2.train.checkpoints import complete_model_folder, require_optimizer_state
         from mars2.train.launch import launch_update
 
-        carried = weights.meta.get("buffers", {}).get(owner)
+        current = weights.weights_of(owner)
         new = pd.read_parquet(routed.path(f"routed/{owner}.parquet"))
-        table = pd.concat([pd.read_parquet(weights.resolve(carried)), new], ignore_index=True) if carried else new
-        prev_ds = weights.meta.get("ds_dirs", {}).get(owner)
+        table = pd.concat([pd.read_parquet(current.buffer), new], ignore_index=True) if current.buffer else new
         if len(table) < train.train_batch:
             write_parquet(out / "buffer.parquet", table)
             return {"metrics": {"skipped": 1.0, "buffered": len(table)},
-                    "meta": {"model_dirs": {owner: model_dir(weights, owner)},
-                             "ds_dirs": {owner: weights.resolve(prev_ds)} if prev_ds else {},
-                             "buffers": {owner: "buffer.parquet"}}}
+                    "weights": {owner: AgentWeights(model_dir=current.model_dir, tokenizer_dir=current.tokenizer_dir,
+                                                    optimizer_dir=current.optimizer_dir, buffer="buffer.parquet")}}
+        require_optimizer_state(current.optimizer_dir)
         samples = [Sample(list(r.prompt_ids), list(r.response_ids), list(r.logprobs), float(r.advantage))
                    for r in table.itertuples()]
         opt = member.optimizer
@@ -61,21 +62,23 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                            warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, total_steps=train.total_steps,
                            dtype=member.dtype, seed=train.seed + cycle,
                            step_batch=train.step_batch, temperature=temperature if temperature > 0 else 1.0)
-        pad_id = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True).pad_token_id
-        args = dict(model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),
-                    prev_ds_dir=weights.resolve(prev_ds) if prev_ds else None, samples=samples, profile=profile, hp=hp,
-                    pad_id=pad_id, device=member.device)
+        reference = agents.weights_of(owner)
+        pad_id = AutoTokenizer.from_pretrained(reference.tokenizer_dir, local_files_only=True).pad_token_id
+        args = dict(model_dir=current.model_dir, ref_model_dir=reference.model_dir, prev_ds_dir=current.optimizer_dir,
+                    samples=samples, profile=profile, hp=hp, pad_id=pad_id, device=member.device)
         if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
             check_processes(member)
             metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
             shutil.rmtree(out / "job")
         else:
             metrics = update_agent(out_dir=out, **args)
+        complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
         adv = table["advantage"]
         metrics.update(advantage_mean=float(adv.mean()), advantage_std=float(adv.std(ddof=0)),
                        advantage_abs_max=float(adv.abs().max()), carried_over=float(len(table) - len(new)))
         return {"metrics": metrics,
-                "meta": {"model_dirs": {owner: "model"}, "ds_dirs": {owner: "ds"}}}
+                "weights": {owner: AgentWeights(model_dir="model", tokenizer_dir=current.tokenizer_dir,
+                                                optimizer_dir="ds")}}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
 

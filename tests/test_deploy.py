@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from mars2.config import ConfigError, OrchestrationConfig
-from tasks._stage import StageContext, StageRecord, stage_digest
+from tasks.stage import AgentWeights, StageContext, StageRecord, stage_digest
 from tasks.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,8 +164,10 @@ def _stage_call(name: str) -> dict:
     cfg = compose_run(SMALL, cuda_available=False)
     ctx = StageContext(root="/runs/x", flow_run_id="f-1", fail_at=None)
     rec = StageRecord(stage="update", key="ab" * 32, dir="/runs/x/artifacts/update/abab", files={"model/a": "h1"},
-                      metrics={"loss": 0.25, "n": 3.0}, meta={"model_dirs": {"qwen_tiny": "model"}, "l": [1, 2.5, None]},
-                      flow_run_id="f-0", seconds=1.5)
+                      metrics={"loss": 0.25, "n": 3.0}, meta={"l": [1, 2.5, None]}, flow_run_id="f-0", seconds=1.5,
+                      weights={"qwen_tiny": AgentWeights("model", "/runs/x/artifacts/agents/ab/qwen_tiny/tokenizer",
+                                                         optimizer_dir="ds", buffer=None),
+                               "llama_tiny": AgentWeights("/abs/model", "/abs/tok", buffer="buffer.parquet")})
     hints = typing.get_type_hints(ALL[name].fn)
     return {p: _argument(hints[p], cfg, ctx, rec) for p in hints if p != "return"}
 

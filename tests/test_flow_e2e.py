@@ -183,7 +183,7 @@ def test_updates_change_every_agents_weights_through_its_engine(runs):
     last = {}  # each agent's latest step (a step on flat trees alone has zero advantages and moves nothing)
     for p in (home / "artifacts" / "update").glob("*/MANIFEST.json"):
         m = json.loads(p.read_text())
-        (owner,) = m["meta"]["model_dirs"]
+        (owner,) = m["weights"]
         step = m["metrics"].get("update_step", 0.0)
         if step > last.get(owner, (0.0, None))[0]:
             last[owner] = (step, m)
@@ -197,3 +197,27 @@ def test_updates_change_every_agents_weights_through_its_engine(runs):
         after = load_file(path)
         moved = sum(int(not (before[k] == after[k]).all()) for k in before)
         assert moved > 0, f"{owner}: no weight changed"
+
+
+def test_only_each_agents_last_optimizer_state_is_kept(runs):
+    """train.keep_optimizer_states=1 (default): the flow deleted cycle 0's ds/ after cycle 1's updates; every model/
+    stays complete, and the re-runs above (C: nothing ran; D: one stage ran) did not need the deleted states."""
+    import json
+
+    from mars2.train.checkpoints import PRUNED, missing_model_files
+
+    stepped: dict[str, list[dict]] = {}
+    for p in (runs["home"] / "artifacts" / "update").glob("*/MANIFEST.json"):
+        m = json.loads(p.read_text())
+        (owner,) = m["weights"]
+        assert missing_model_files(Path(m["weights"][owner]["model_dir"]) if Path(
+            m["weights"][owner]["model_dir"]).is_absolute() else Path(m["dir"]) / m["weights"][owner]["model_dir"]) == []
+        if m["weights"][owner]["optimizer_dir"] == "ds":
+            stepped.setdefault(owner, []).append(m)
+    assert set(stepped) == {"qwen_tiny", "llama_tiny"}
+    for owner, records in stepped.items():
+        records.sort(key=lambda m: m["metrics"]["update_step"])
+        *older, last = records
+        assert (Path(last["dir"]) / "ds").is_dir() and not (Path(last["dir"]) / PRUNED).exists()
+        assert older, f"{owner} stepped once only: nothing to prune"
+        assert all(not (Path(m["dir"]) / "ds").exists() and (Path(m["dir"]) / PRUNED).exists() for m in older)

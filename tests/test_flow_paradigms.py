@@ -39,8 +39,8 @@ def test_homogeneous_roles_share_one_engine_and_buffer_until_train_batch(tmp_pat
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     home = tmp_path / ".mars2"
-    updates = sorted(_manifests(home, "update"), key=lambda m: m["meta"].get("buffers") is None)
-    assert {tuple(m["meta"]["model_dirs"]) for m in updates} == {("solver",)}  # one weight owner for two roles
+    updates = sorted(_manifests(home, "update"), key=lambda m: m["weights"]["solver"]["buffer"] is None)
+    assert {tuple(m["weights"]) for m in updates} == {("solver",)}  # one weight owner for two roles
     skipped, stepped = updates
     assert skipped["metrics"]["buffered"] == 8  # 2 trees × 4 nodes < 12: kept for the next cycle
     assert pd.read_parquet(Path(skipped["dir"]) / "buffer.parquet")["agent"].nunique() == 2  # both roles' nodes

@@ -8,7 +8,7 @@ from mars2.config import GradingConfig
 from mars2.data.lcb import load_problems
 from mars2.data.toy import toy_benchmark, toy_reference_solutions
 from mars2.io import write_parquet
-from tasks._stage import StageRecord
+from tasks.stage import StageRecord
 from tasks.grading import grade_rows
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from mars2.config import DataConfig
 from mars2.io import atomic_dir, atomic_write_text
-from tasks._stage import (
+from tasks.stage import (
+    AgentWeights,
     MANIFEST,
     RESULTS_DIR,
     StageContext,
@@ -88,3 +89,88 @@ def test_upstream_records_enter_keys_by_key_and_file_hashes():
     params = {"ctx": StageContext(root="/r"), "weights": base}
     other = {"ctx": StageContext(root="/r"), "weights": replace(base, key="k2")}
     assert stage_digest("rollout", MODS, params) != stage_digest("rollout", MODS, other)
+
+
+def test_weights_survive_manifest_pickle_and_pools_dispatch(tmp_path):
+    """The hand-off (``StageRecord.weights``) comes back typed from MANIFEST.json, Prefect's pickled result and
+    the JSON a dispatched stage's arguments and record travel as."""
+    import json
+    import pickle
+
+    from pydantic import TypeAdapter
+
+    from tasks.stages import encode_args, read_dispatched
+
+    ctx = StageContext(root=str(tmp_path))
+    weights = {"a": AgentWeights(model_dir="model", tokenizer_dir="/tok/a", optimizer_dir="ds"),
+               "b": AgentWeights(model_dir="/prev/model", tokenizer_dir="/tok/b", optimizer_dir="/prev/ds",
+                                 buffer="buffer.parquet")}
+    rec = run_stage("s", MODS, ctx, {"ctx": ctx, "x": 1},
+                    lambda out: atomic_write_text(out / "buffer.parquet", "x") and {"weights": weights})
+    assert rec.weights == weights and all(type(w) is AgentWeights for w in rec.weights.values())
+    assert run_stage("s", MODS, ctx, {"ctx": ctx, "x": 1}, lambda out: None) == rec  # rebuilt from MANIFEST.json
+    assert pickle.loads(pickle.dumps(rec)) == rec
+    sent = json.loads(json.dumps(encode_args({"weights": rec})))["weights"]
+    received = TypeAdapter(StageRecord).validate_python(sent)
+    assert received == rec and type(received.weights["b"]) is AgentWeights
+    (tmp_path / "dispatch").mkdir()
+    (tmp_path / "dispatch" / "run-1.json").write_text(json.dumps(sent))
+    assert read_dispatched(str(tmp_path), "run-1") == rec
+    a, b = rec.weights_of("a"), rec.weights_of("b")
+    assert (a.model_dir, a.tokenizer_dir, a.optimizer_dir, a.buffer) == (f"{rec.dir}/model", "/tok/a", f"{rec.dir}/ds", None)
+    assert (b.model_dir, b.optimizer_dir, b.buffer) == ("/prev/model", "/prev/ds", f"{rec.dir}/buffer.parquet")
+    with pytest.raises(KeyError, match="no weights of 'c'"):
+        rec.weights_of("c")
+
+
+def test_fields_marked_out_of_the_cache_key_do_not_change_it():
+    from mars2.config import TrainConfig
+
+    base = {"ctx": StageContext(root="/r"), "train": TrainConfig()}
+    digest = stage_digest("update", MODS, base)
+    assert digest == stage_digest("update", MODS, {**base, "train": replace(TrainConfig(), keep_optimizer_states=3)})
+    assert digest != stage_digest("update", MODS, {**base, "train": replace(TrainConfig(), kl_coef=0.5)})
+
+
+def test_large_files_are_fingerprinted_from_their_ends_small_ones_by_sha256(tmp_path, monkeypatch):
+    import builtins
+
+    import mars2.io as mio
+
+    small = tmp_path / "small.json"
+    small.write_bytes(b"{}" * 1000)
+    assert mio.file_fingerprint(small) == mio.sha256_file(small)
+    big = tmp_path / "model-00001.safetensors"
+    with open(big, "wb") as f:  # sparse: 3 GiB that take no disk
+        f.truncate(3 << 30)
+    read = []
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *a):
+            return self.f.seek(*a)
+
+    monkeypatch.setattr(mio, "open", lambda *a, **k: Counting(builtins.open(*a, **k)), raising=False)
+    fp = mio.file_fingerprint(big)
+    assert sum(read) == 2 * mio.EDGE_BYTES and fp.startswith(f"fp:{3 << 30}:")
+    monkeypatch.undo()
+    with open(big, "r+b") as f:  # a change at the end is seen, one in the middle is the documented blind spot
+        f.seek((3 << 30) - 10)
+        f.write(b"x")
+    assert mio.file_fingerprint(big) != fp
+    assert mio.file_fingerprint(big, with_mtime=True).startswith(mio.file_fingerprint(big) + ":")
+    assert mio.folder_fingerprints(tmp_path) == {"model-00001.safetensors": mio.file_fingerprint(big),
+                                                 "small.json": mio.sha256_file(small)}

@@ -81,7 +81,7 @@ class UpdateMemory:
 @dataclass
 class RolloutPlan:
     backend: str  # vllm | transformers
-    tp: int  # tensor-parallel size of one engine (vllm: the agent's GPUs, as tasks/_agents.py starts it)
+    tp: int  # tensor-parallel size of one engine (vllm: the agent's GPUs, as tasks/weights.py starts it)
     weights_per_gpu_bytes: int
     kv: KVBudget | None  # vllm (and transformers on GPU: the memory left after the weights)
     max_model_len: int | None
@@ -191,7 +191,7 @@ def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype
 
 def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
                  seq_len: int) -> RolloutPlan:
-    """Generation memory: vLLM with TP = the agent's GPUs (what tasks/_agents.py starts), or transformers."""
+    """Generation memory: vLLM with TP = the agent's GPUs (what tasks/weights.py starts), or transformers."""
     p, weights = cfg.plan, shape.params * dtype_bytes
     gpu_bytes = int(p.gpu_memory_gb * GB)
     if member.backend == "vllm":

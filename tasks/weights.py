@@ -1,11 +1,11 @@
-"""Small helpers shared by the stages that load an agent's current weights."""
+"""The weights stages hand each other (:class:`AgentWeights` per weight owner) and the helpers that load them."""
 
 from __future__ import annotations
 
 import os
 
 from mars2.config import AgentConfig, BackendConfig, check_machine
-from tasks._stage import StageRecord
+from tasks.stage import AgentWeights, StageRecord
 
 
 def owner_of(member: AgentConfig) -> str:
@@ -14,12 +14,12 @@ def owner_of(member: AgentConfig) -> str:
 
 
 def model_dir(record: StageRecord, owner: str) -> str:
-    """The weights folder of ``owner`` in an agents or update record."""
-    return record.resolve(record.meta["model_dirs"][owner])
+    """The model folder of ``owner`` in an agents, bootstrap, checkpoints or update record."""
+    return record.weights_of(owner).model_dir
 
 
-def tokenizer_dir(agents: StageRecord, owner: str) -> str:
-    return agents.resolve(agents.meta["tokenizer_dirs"][owner])
+def tokenizer_dir(record: StageRecord, owner: str) -> str:
+    return record.weights_of(owner).tokenizer_dir
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
@@ -62,3 +62,6 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
         runners[m.name] = AgentRunner(backend=backend, tokenizer=tok, role_prompt=m.role_prompt,
                                       chat_kwargs=dict(m.chat_template_kwargs))
     return runners
+
+
+__all__ = ["AgentWeights", "agent_runners", "load_backend", "model_dir", "owner_of", "tokenizer_dir"]

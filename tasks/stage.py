@@ -1,10 +1,14 @@
 """What every stage task shares: its cache key, its content-addressed folder, its small result record.
 
 A stage's cache key is sha256 of (stage name, code version, its parameters except ``ctx``), where
-config subtrees enter as plain dicts and upstream stages enter as their records' file hashes. The
+config subtrees enter as plain dicts (without the fields marked ``metadata={"cache_key": False}``) and upstream
+stages enter as their records' keys and file fingerprints (:func:`mars2.io.file_fingerprint`). The
 artefact folder is ``<root>/artifacts/<stage>/<key[:16]>``. Prefect stores only the record (paths +
-hashes + metrics) in ``<root>/prefect-results``, so the cache survives a process restart; a record
-whose folder has disappeared is not trusted (the stage runs again and rewrites the folder).
+hashes + metrics + the weights it hands on) in ``<root>/prefect-results``, so the cache survives a process restart;
+a record whose folder has disappeared is not trusted (the stage runs again and rewrites the folder).
+
+Weights travel between stages as :class:`AgentWeights` per weight owner in :attr:`StageRecord.weights`
+(agents, bootstrap, checkpoints and update records), read through :meth:`StageRecord.weights_of`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mars2.io import atomic_dir, atomic_write_json, sha256_file, sha256_json
+from mars2.io import atomic_dir, atomic_write_json, folder_fingerprints, sha256_json
 
 MANIFEST = "MANIFEST.json"
 RESULTS_DIR = "prefect-results"  # Prefect's result storage inside the run folder (cache records)
@@ -41,8 +45,34 @@ class StageContext:
 
 
 @dataclass(frozen=True)
+class AgentWeights:
+    """One weight owner's state as a stage hands it on.
+
+    ``model_dir``: a complete HF model folder (config, generation config, tokenizer files, safetensors) that
+    ``from_pretrained`` and vLLM load alone; ``tokenizer_dir``: the agent's tokenizer folder (its files are the ones
+    copied into every model folder); ``optimizer_dir``: the DeepSpeed checkpoint (optimizer, scheduler, RNG) the next
+    update resumes from, None before the first update; ``buffer``: Parquet of samples carried to the next update.
+    Paths are absolute, or relative to the folder of the record that holds them (:meth:`StageRecord.weights_of`).
+    """
+
+    model_dir: str
+    tokenizer_dir: str
+    optimizer_dir: str | None = None
+    buffer: str | None = None
+
+    def resolved(self, base: str | Path) -> AgentWeights:
+        """The same weights with every relative path made absolute against ``base``."""
+        def at(path: str | None) -> str | None:
+            return path if path is None or Path(path).is_absolute() else str(Path(base) / path)
+
+        return AgentWeights(model_dir=at(self.model_dir), tokenizer_dir=at(self.tokenizer_dir),
+                            optimizer_dir=at(self.optimizer_dir), buffer=at(self.buffer))
+
+
+@dataclass(frozen=True)
 class StageRecord:
-    """The small thing Prefect caches for a stage: where its artefacts are, their hashes, its metrics."""
+    """The small thing Prefect caches for a stage: where its artefacts are, their fingerprints, its metrics, and
+    the weights it hands on per owner (``weights``; empty for stages that produce none)."""
 
     stage: str
     key: str
@@ -52,6 +82,12 @@ class StageRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     flow_run_id: str = ""
     seconds: float = 0.0
+    weights: dict[str, AgentWeights] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # MANIFEST.json and the pools-mode dispatch files hold plain dicts
+        object.__setattr__(self, "weights", {o: w if isinstance(w, AgentWeights) else AgentWeights(**w)
+                                             for o, w in self.weights.items()})
 
     def path(self, name: str) -> Path:
         if name not in self.files:
@@ -61,6 +97,12 @@ class StageRecord:
     def resolve(self, path: str) -> str:
         """A path from ``meta``: absolute as is, relative to this stage's folder otherwise."""
         return path if Path(path).is_absolute() else str(Path(self.dir) / path)
+
+    def weights_of(self, owner: str) -> AgentWeights:
+        """``owner``'s weights with absolute paths."""
+        if owner not in self.weights:
+            raise KeyError(f"stage {self.stage} hands on no weights of {owner!r}; it has {sorted(self.weights)}")
+        return self.weights[owner].resolved(self.dir)
 
 
 @functools.cache
@@ -83,8 +125,10 @@ def _keyable(value: Any) -> Any:
     if isinstance(value, StageRecord):
         # key and files: a record that only points at other weights (a skipped update) differs by its key
         return {"stage": value.stage, "key": value.key, "files": value.files}
-    if dataclasses.is_dataclass(value):
-        return _keyable(dataclasses.asdict(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # fields that only say how to run (e.g. train.keep_optimizer_states) do not change what a stage makes
+        return {f.name: _keyable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.metadata.get("cache_key", True)}
     if isinstance(value, dict):
         return {str(k): _keyable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -123,8 +167,10 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
               produce: Callable[[Path], dict[str, Any] | None]) -> StageRecord:
     """Run ``produce(tmp_dir)`` into the stage's content-addressed folder and return its record.
 
-    ``produce`` writes its files into the folder it is given and returns ``{"metrics": {...}, "meta": {...}}``
-    (or None). If the folder already exists complete, it is reused as is: finished artefacts are never rewritten.
+    ``produce`` writes its files into the folder it is given and returns ``{"metrics": {...}, "meta": {...},
+    "weights": {owner: AgentWeights}}`` (or None). If the folder already exists complete, it is reused as is:
+    finished artefacts are never rewritten. ``files`` holds :func:`mars2.io.file_fingerprint` of every file (a full
+    sha256 below 64 MiB, size and both ends above: a weight shard is not read end to end).
     """
     digest = stage_digest(stage, modules, parameters)
     final = stage_dir(ctx.root, stage, digest)
@@ -135,10 +181,9 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
     start = time.perf_counter()
     with atomic_dir(final) as tmp:
         out = produce(tmp) or {}
-        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        record = StageRecord(stage=stage, key=digest, dir=str(final), files=files,
+        record = StageRecord(stage=stage, key=digest, dir=str(final), files=folder_fingerprints(tmp),
                              metrics={k: float(v) for k, v in out.get("metrics", {}).items()},
-                             meta=out.get("meta", {}), flow_run_id=ctx.flow_run_id,
+                             meta=out.get("meta", {}), weights=out.get("weights", {}), flow_run_id=ctx.flow_run_id,
                              seconds=round(time.perf_counter() - start, 3))
         atomic_write_json(tmp / MANIFEST, dataclasses.asdict(record))
     # another run may have finished the same folder first; then its files, not ours, are the artefact
@@ -155,5 +200,5 @@ def current_parameters() -> dict[str, Any]:
     return dict(ctx.parameters)
 
 
-__all__ = ["StageContext", "StageFault", "StageRecord", "cache_key_fn", "code_version", "current_parameters",
+__all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "cache_key_fn", "code_version", "current_parameters",
            "run_stage", "sha256_json", "stage_digest", "stage_dir"]
