@@ -60,3 +60,26 @@ def test_rollout_logprobs_match_the_trainers_logprobs(tiny_model_dir, temperatur
     m = batch["mask"].bool()
     assert torch.allclose(logp[m], batch["rollout_logp"][m], atol=1e-4)
     assert torch.allclose(plain[m], batch["rollout_logp"][m], atol=1e-4) == (temperature == 1.0)
+
+
+def test_generation_stops_at_every_end_token_the_model_lists(tiny_model_dir):
+    """Qwen3's generation config lists two end tokens (<|im_end|>, <|endoftext|>); the tokenizer knows one. A response
+    ends at whichever comes first, as vLLM does with the model's generation config."""
+    from mars2.backends.base import end_token_ids, generation_config_eos
+
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "sum"}], tokenize=False, add_generation_prompt=True)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=7)
+    free = [g for gs in backend.generate([prompt], params) for g in gs]
+    # make the first sampled token of the first response an extra end token: the same seed now stops right there
+    extra = free[0].response_ids[0]
+    assert extra != tok.eos_token_id
+    from mars2.backends.transformers_backend import TransformersBackend
+
+    backend.model.generation_config.eos_token_id = [tok.eos_token_id, extra]
+    stopped = [g for gs in TransformersBackend(backend.model, tok).generate([prompt], params) for g in gs]
+    assert stopped[0].response_ids == [extra] and stopped[0].finish_reason == "stop"
+    for g in stopped:
+        assert sum(t in (extra, tok.eos_token_id) for t in g.response_ids) <= 1  # nothing after an end token
+    assert end_token_ids([5, 7], 7) == [5, 7] and end_token_ids(None, 3) == [3] and end_token_ids(9, None) == [9]
+    assert generation_config_eos(str(tiny_model_dir)) in (tok.eos_token_id, [tok.eos_token_id])
