@@ -24,11 +24,10 @@ from mars2.io import atomic_write_json, write_parquet
 from mars2.search.run import public_grader
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.weights import agent_runners
-from tasks.grading import grade_rows
 
 STAGE = "evaluation"
-MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.data", "mars2.io",
-           "tasks.evaluation", "tasks.grading", "tasks.weights")
+MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.rl.reward", "mars2.data", "mars2.io",
+           "tasks.evaluation", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")
@@ -42,6 +41,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
     def produce(out: Path) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
         from mars2.eval.run import evaluation_rollouts
+        from mars2.rl.reward import unique_hidden_test_verdicts
 
         table = f"{evaluation.split}.parquet"
         pool = pd.read_parquet(dataset.path(table))
@@ -51,8 +51,8 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
         samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners)
-        graded = grade_unique(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
-                                        ignore_index=True), dataset, grading, table)
+        graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
+                                                       ignore_index=True), {p.id: p for p in problems}, grading)
         public_only = sum(not p.hidden_tests for p in problems)
         graded = graded.merge(labels, on="problem_id", how="left")
         samples = graded[graded["kind"] == "samples"].drop(columns=["kind", "who", "tplus", "score"], errors="ignore")
@@ -72,13 +72,3 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         return {"metrics": metrics}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
-
-
-def grade_unique(rows: pd.DataFrame, dataset: StageRecord, grading: GradingConfig,
-                 table: str = "eval.parquet") -> pd.DataFrame:
-    """Hidden-test verdicts for ``rows`` (``problem_id``, ``code``, …): each distinct (problem, program) runs once."""
-    keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
-    unique = keys.assign(node_id=range(len(keys)), agent="")
-    verdicts = grade_rows(unique, dataset, table, grading)
-    verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
-    return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")

@@ -7,7 +7,7 @@ program (optionally per test), which runs each test from a clean state; the grad
 outputs with the expected ones in its own process and returns a :class:`Verdict`.
 Where bubblewrap cannot run, a weaker ``process`` level is used (and reported).
 
-Public API: :func:`grade_program`, :func:`grade_many`, :class:`GradeJob`, :class:`Verdict`;
+Public API: :func:`grade_program`, :func:`grade_many`, :func:`grade_programs` (with a GradingConfig), :class:`GradeJob`, :class:`Verdict`;
 :func:`probe_isolation` / :func:`isolation_params` to see and log what isolation is in use;
 :class:`SandboxPool` to control the worker slots; ``python -m mars2.sandbox`` for the command line.
 See ``docs/sandbox.md``.
@@ -23,6 +23,7 @@ from mars2.sandbox.grader import (
     grade_many,
     grade_many_detailed,
     grade_program,
+    grade_programs,
 )
 from mars2.sandbox.isolation import LEVELS, choose_level, describe, probe_isolation
 from mars2.sandbox.pool import (
@@ -66,6 +67,7 @@ __all__ = [
     "grade_many",
     "grade_many_detailed",
     "grade_program",
+    "grade_programs",
     "isolation_params",
     "probe_isolation",
     "shared_pool",

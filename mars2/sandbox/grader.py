@@ -357,3 +357,17 @@ def grade_many(
     return [g.verdict for g in grade_many_detailed(
         jobs, workers=workers, time_limit_s=time_limit_s, memory_mb=memory_mb, progress=progress, executor=executor,
         stop_at_first_failure=stop_at_first_failure, parity=parity, isolation=isolation, isolate_tests=isolate_tests)]
+
+
+def grade_programs(programs: Sequence[tuple[str | None, Sequence[TestCase], str | None]], grading, *,
+                   stop_at_first_failure: bool | None = None, progress: bool = False) -> list[Verdict]:
+    """``(code, tests, func_name)`` programs graded with the run's :class:`mars2.config.GradingConfig` (slots, limits,
+    isolation, parity); HumanEval-style check tests are wrapped first (:func:`mars2.data.gradable`).
+    ``stop_at_first_failure``: None = the config's (rewards); False = run every test (a public-test score)."""
+    from mars2.data.checks import gradable
+
+    stop = grading.stop_at_first_failure if stop_at_first_failure is None else stop_at_first_failure
+    return grade_many([GradeJob(*gradable(code, tests, func)) for code, tests, func in programs],
+                      workers=grading.workers or None, time_limit_s=grading.time_limit_s, memory_mb=grading.memory_mb,
+                      progress=progress, isolation=grading.isolation, parity=grading.parity,
+                      stop_at_first_failure=stop)

@@ -18,15 +18,9 @@ from mars2.search.tree_search import AgentRunner, GradeFn
 def public_grader(grading: GradingConfig) -> GradeFn:
     """The search signal: programs graded on their public tests in the sandbox pool, every test run (no early stop),
     so a node's score is the fraction it passes."""
-    from mars2.data import gradable
-    from mars2.sandbox import GradeJob, grade_many
+    from mars2.sandbox import grade_programs
 
-    def grade(jobs):
-        return grade_many([GradeJob(*gradable(c, t, f)) for c, t, f in jobs], workers=grading.workers or None,
-                          time_limit_s=grading.time_limit_s, memory_mb=grading.memory_mb,
-                          isolation=grading.isolation, parity=grading.parity, stop_at_first_failure=False)
-
-    return grade
+    return lambda jobs: grade_programs(jobs, grading, stop_at_first_failure=False)
 
 
 def search_policy(search: SearchConfig):

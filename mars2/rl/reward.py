@@ -1,0 +1,59 @@
+"""The node reward: r_v = 1 iff the program passes all hidden tests (docs/algorithm.md §8), on tables of nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from mars2.config import GradingConfig
+from mars2.data.schema import Problem
+
+
+def correctness_reward(all_passed: bool) -> float:
+    """r_v ∈ {0, 1}: 1 iff every hidden test passes (partial credit is the search signal, never the reward)."""
+    return 1.0 if all_passed else 0.0
+
+
+def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], grading: GradingConfig,
+                         *, progress: bool = True) -> pd.DataFrame:
+    """Grade the ``code`` column of ``rows`` (problem_id, code, ...) on each problem's hidden tests in the sandbox;
+    returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``.
+
+    A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests: their count is
+    ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
+    downstream cache breaks); their mean/max go to ``table.attrs["time_s"]``.
+    """
+    from mars2.sandbox import grade_programs
+
+    # a node without code reads back from Parquet as NaN (pandas' string dtype), not None
+    codes = [c if isinstance(c, str) else None for c in rows["code"]]
+    verdicts = grade_programs([(code, problems[pid].hidden_tests or problems[pid].public_tests, problems[pid].func_name)
+                               for pid, code in zip(rows["problem_id"], codes, strict=True)], grading, progress=progress)
+    table = rows.drop(columns=["code"]).reset_index(drop=True)
+    table["status"] = [v.status for v in verdicts]
+    table["passed"] = [v.passed for v in verdicts]
+    table["total"] = [v.total for v in verdicts]
+    table["detail"] = [v.detail for v in verdicts]
+    table["reward"] = [correctness_reward(v.all_passed) for v in verdicts]
+    table.attrs["public_only"] = sum(not problems[pid].hidden_tests for pid in rows["problem_id"])
+    times = [v.time_s for v in verdicts] or [0.0]
+    table.attrs["time_s"] = {"mean": sum(times) / len(times), "max": max(times)}
+    return table
+
+
+def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem],
+                                grading: GradingConfig) -> pd.DataFrame:
+    """:func:`hidden_test_verdicts` where each distinct (problem, program) runs once; ``rows`` keep their columns."""
+    keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
+    verdicts = hidden_test_verdicts(keys.assign(node_id=range(len(keys)), agent=""), problems, grading)
+    verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
+    return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")
+
+
+def verdict_metrics(verdicts: pd.DataFrame) -> dict[str, float]:
+    """Pass rate (mean reward) overall and per agent, and the count of each verdict status."""
+    metrics = {f"{agent}/pass_rate": float(g["reward"].mean()) for agent, g in verdicts.groupby("agent")}
+    metrics["pass_rate"] = float(verdicts["reward"].mean())
+    metrics.update({f"status/{s}": float(n) for s, n in verdicts["status"].value_counts().items()})
+    return metrics
