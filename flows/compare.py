@@ -15,7 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import tasks  # noqa: F401  (offline flags, quiet warnings)
+from tasks.runtime import configure_process
+
+configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf

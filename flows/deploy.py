@@ -30,7 +30,9 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-import tasks  # noqa: F401  (process defaults before Prefect is imported)
+from tasks.runtime import configure_process
+
+configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 from prefect import flow
 from prefect.deployments.runner import EntrypointType
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-import tasks  # noqa: F401  (offline flags; imports no Prefect)
+from tasks.runtime import configure_process
+
+configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
 from omegaconf import DictConfig
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
+from tasks.runtime import configure_process
+
+configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf

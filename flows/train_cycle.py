@@ -17,7 +17,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-import tasks  # noqa: F401  (sets PREFECT_HOME and offline flags before Prefect is imported)
+from tasks.runtime import configure_process
+
+configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
 from omegaconf import DictConfig
 from prefect import flow, get_run_logger

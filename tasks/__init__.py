@@ -1,5 +1,5 @@
-"""Prefect tasks, one per pipeline stage: caching, artefact folders, MLflow logging. No algorithm here."""
+"""Prefect tasks, one per pipeline stage: caching, artefact folders, MLflow logging. No algorithm here.
 
-from tasks.runtime import configure_process
-
-configure_process()
+Importing this package changes nothing in the process: entry points call
+:func:`tasks.runtime.configure_process` themselves, before Prefect, MLflow or transformers are imported.
+"""

@@ -12,6 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tasks.runtime import configure_process  # noqa: E402
+
+configure_process()  # what every entry point does first (tests import stages without one)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_prefect_home(tmp_path_factory):

@@ -2,6 +2,7 @@
 the grading sandbox imports the standard library only."""
 
 import ast
+import os
 import json
 import subprocess
 import sys
@@ -54,3 +55,15 @@ def test_sandbox_side_code_imports_the_standard_library_only():
                 names = [node.module or ""]
             offenders += [f"{path.relative_to(LIB)}: {n}" for n in names if n.split(".")[0] not in allowed]
     assert offenders == []
+
+
+def test_importing_tasks_changes_nothing_in_the_process():
+    """Entry points call tasks.runtime.configure_process() themselves; importing the package sets no environment
+    variable and no warning filter."""
+    code = ("import os, warnings, numpy, pandas; env = dict(os.environ); filters = list(warnings.filters); "
+            "import tasks, tasks.stage, "
+            "tasks.weights; print(dict(os.environ) == env and list(warnings.filters) == filters)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
