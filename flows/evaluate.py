@@ -29,7 +29,7 @@ from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
 from tasks.cli import run_flow_from_cli
-from tasks.config import CONF_DIR, load_cfg, resolve, to_container, to_yaml
+from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.report import RunReport
 from tasks.stages import bound
@@ -38,7 +38,7 @@ CONFIG_NAME = "evaluate"
 
 
 def compose_eval(overrides: list[str]):
-    return resolve(load_cfg(overrides, config_name=CONFIG_NAME))
+    return compose_run(overrides, config_name=CONFIG_NAME)
 
 
 def checkpoints_of(cfg) -> tuple[dict[str, str], dict[str, dict[str, str]]]:

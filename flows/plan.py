@@ -22,7 +22,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mars2.config import ConfigError
-from tasks.config import resolve
+from tasks.config import compose_run
 
 
 def _import_deepspeed_without_mlflow() -> None:
@@ -39,9 +39,11 @@ def _import_deepspeed_without_mlflow() -> None:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(_: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     try:
-        run = resolve(cfg, planning=True)
+        run = compose_run(list(HydraConfig.get().overrides.task), planning=True)
     except ConfigError as e:
         sys.exit(f"mars2: config error: {e}")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only DeepSpeed's estimators run here: no device probing

@@ -43,12 +43,14 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
     return validate(run, cuda_available=cuda_available, planning=planning)
 
 
-def compose_run(overrides: list[str] | tuple[str, ...] = (), **resolve_kwargs: Any) -> RunConfig:
-    """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run.
+def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config",
+                **resolve_kwargs: Any) -> RunConfig:
+    """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run
+    (``config_name``: ``config`` for training, ``evaluate`` for flows/evaluate.py).
 
     A run with agents on GPUs must also fit the cluster ``plan`` describes (:func:`mars2.plan.require_fit`, the
     layout the trainer and engines really build): a preset the planner refuses stops here, before anything starts."""
-    run = resolve(load_cfg(overrides), **resolve_kwargs)
+    run = resolve(load_cfg(overrides, config_name=config_name), **resolve_kwargs)
     if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
         from mars2.plan import plan, require_fit
 
