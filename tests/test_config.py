@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from mars2.config import ConfigError
 from tasks.config import CONF_DIR, load_cfg, resolve
@@ -103,3 +104,14 @@ def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
     assert needle in out.stderr
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout
     assert not Path("/nonexistent-do-not-create").exists()
+
+
+def test_the_warm_qwen_tiny_block_is_the_same_in_every_warm_preset():
+    """The warm-started qwen_tiny of tiny_cpu_warm is shared by the single and homogeneous arms (one warm-start in the
+    cache for all three). OmegaConf cannot interpolate a block into a list of typed agents (nor Hydra compose one into a
+    list element), so the block is written out in each file and this test keeps the copies identical."""
+    blocks = {p: OmegaConf.to_container(load_cfg([f"agents={p}"]).agents.members[0])
+              for p in ("tiny_cpu_warm", "tiny_cpu_warm_single", "tiny_cpu_warm_homogeneous")}
+    first = blocks["tiny_cpu_warm"]
+    assert first["name"] == "qwen_tiny" and first["bootstrap"]["steps"] > 0
+    assert all(b == first for b in blocks.values()), blocks
