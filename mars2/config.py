@@ -55,7 +55,7 @@ class TinyModelConfig:
 
 @dataclass
 class OptimizerConfig:
-    """AdamW with linear warmup then cosine decay from ``lr`` to ``min_lr`` (DESIGN.md §2.4)."""
+    """AdamW with linear warmup then cosine decay from ``lr`` to ``min_lr`` (docs/algorithm.md §14)."""
 
     lr: float = 1e-6
     min_lr: float = 1e-7
@@ -190,7 +190,7 @@ class TrainConfig:
     train_batch: int = 8  # an agent updates when its buffer holds at least this many samples
     step_batch: int | None = None  # samples per optimizer step (PPO-style mini-batches); null = one step on all
     total_steps: int = 100  # horizon of the cosine schedule
-    shaping: bool = True  # tree-consistent reward shaping (DESIGN.md §2.2); off for the ablation / GRPO
+    shaping: bool = True  # tree-consistent reward shaping (docs/algorithm.md §9); off for the ablation / GRPO
     shaping_gamma: float = 0.5
     shaping_lambda: float = 0.5
     overlong_buffer: int = 24  # DAPO overlong penalty buffer B in tokens (0 = off); L_max = search.max_new_tokens
@@ -203,7 +203,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation (DESIGN.md §2.5–2.6, docs/eval.md): i.i.d. samples per agent and search trees."""
+    """Held-out evaluation (docs/algorithm.md §16–§18, docs/eval.md): i.i.d. samples per agent and search trees."""
 
     every: int = 1  # evaluate after every N-th cycle (and after the last)
     n_samples: int = 1  # i.i.d. samples per agent per problem → Pass@1 (mean over samples) and pass@k
