@@ -71,3 +71,26 @@ def test_worker_failure_is_reported_clearly(tmp_path):
     backend = VLLMBackend(VLLMEngineArgs(model="/nope"), python=sys.executable)
     with pytest.raises(RuntimeError, match="vLLM worker failed"):
         backend.generate(["x"], SamplingParams())
+
+
+def test_the_backend_group_and_the_models_end_tokens_reach_the_engine(tmp_path):
+    """An agent's engine takes the ``backend`` group's settings (TP, replicas, memory, context, eager, prefix cache)
+    and every end token its model folder's generation config lists."""
+    import json
+
+    from mars2.backends.base import end_token_ids, generation_config_eos
+    from mars2.backends.vllm_backend import vllm_engine_args
+    from mars2.config import AgentConfig, BackendConfig
+
+    member = AgentConfig(name="q", model=str(tmp_path), backend="vllm", device="cuda", dtype="bfloat16", gpus=8)
+    engine = vllm_engine_args(str(tmp_path), member, BackendConfig(gpu_memory_utilization=0.75, tensor_parallel_size=2,
+                                                                   max_model_len=40000, enforce_eager=True))
+    assert (engine.tensor_parallel_size, engine.data_parallel_size, engine.gpu_memory_utilization) == (2, 4, 0.75)
+    assert (engine.max_model_len, engine.enforce_eager, engine.enable_prefix_caching, engine.dtype) == (
+        40000, True, False, "bfloat16")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    stops = end_token_ids(generation_config_eos(str(tmp_path)), 151643)
+    assert stops == [151645, 151643]
+    req = build_request(["a"], SamplingParams(max_new_tokens=5), engine, stops)
+    assert req["sampling"]["stop_token_ids"] == [151645, 151643]
+    assert req["engine"]["data_parallel_size"] == 4 and req["engine"]["enforce_eager"] is True
