@@ -81,11 +81,12 @@ class UpdateMemory:
 @dataclass
 class RolloutPlan:
     backend: str  # vllm | transformers
-    tp: int  # tensor-parallel size of one engine (vllm: the agent's GPUs, as tasks/weights.py starts it)
+    tp: int  # tensor-parallel size of one engine (vllm: backend.tensor_parallel_size, as load_backend starts it)
     weights_per_gpu_bytes: int
-    kv: KVBudget | None  # vllm (and transformers on GPU: the memory left after the weights)
+    kv: KVBudget | None  # per GPU of one engine (vllm; transformers on GPU: the memory left after the weights)
     max_model_len: int | None
     spans: list[Span] = field(default_factory=list)
+    replicas: int = 1  # vLLM engines of this agent (backend.data_parallel_size, default gpus // tp)
 
 
 @dataclass
@@ -191,14 +192,17 @@ def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype
 
 def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
                  seq_len: int) -> RolloutPlan:
-    """Generation memory: vLLM with TP = the agent's GPUs (what tasks/weights.py starts), or transformers."""
+    """Generation memory of the engines ``load_backend`` starts: vLLM with TP = ``backend.tensor_parallel_size`` and
+    ``n // TP`` replicas (or ``backend.data_parallel_size``), or transformers on the agent's first GPU."""
     p, weights = cfg.plan, shape.params * dtype_bytes
     gpu_bytes = int(p.gpu_memory_gb * GB)
     if member.backend == "vllm":
+        tp = cfg.backend.tensor_parallel_size
+        replicas = cfg.backend.data_parallel_size or max(1, n // tp)
         kv = vllm_kv_budget(weights_bytes=weights, gpu_bytes=gpu_bytes, utilization=cfg.backend.gpu_memory_utilization,
-                            tp=n, layers=shape.num_layers, kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                            dtype_bytes=dtype_bytes, seq_len=seq_len, concurrent=cfg.search.batch_size)
-        return RolloutPlan("vllm", n, -(-weights // n), kv, cfg.backend.max_model_len)
+                            tp=tp, layers=shape.num_layers, kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                            dtype_bytes=dtype_bytes, seq_len=seq_len, concurrent=-(-in_flight(cfg) // replicas))
+        return RolloutPlan("vllm", tp, -(-weights // tp), kv, cfg.backend.max_model_len, replicas=replicas)
     if member.device.startswith("cuda"):  # transformers on one GPU: what the weights leave
         per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype_bytes)
         budget = gpu_bytes - weights - int(p.reserved_gb * GB)
@@ -208,6 +212,14 @@ def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: i
                       needed_bytes_per_gpu=cfg.search.batch_size * seq_len * per_token)
         return RolloutPlan("transformers", 1, weights, kv, None)
     return RolloutPlan("transformers", 1, weights, None, None)
+
+
+def in_flight(cfg: RunConfig) -> int:
+    """Requests one agent's engines hold at once in a rollout wave: every tree of the cycle asks for its next
+    ``expansions_per_wave`` nodes together (independent sampling: ``n_samples`` per problem)."""
+    trees = cfg.data.max_train_problems or cfg.search.batch_size
+    per_tree = cfg.search.expansions_per_wave if cfg.search.strategy == "ab_mcts" else cfg.search.n_samples
+    return trees * per_tree
 
 
 def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, upd: UpdateMemory,
@@ -225,7 +237,7 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
     if roll.backend == "vllm" and roll.kv is not None:
         kv = roll.kv
         if shape.num_heads % roll.tp or (shape.num_kv_heads % roll.tp and roll.tp % shape.num_kv_heads):
-            reasons.append(f"vLLM tensor parallelism {roll.tp} (= the agent's GPUs) does not divide the "
+            reasons.append(f"vLLM tensor parallelism {roll.tp} (backend.tensor_parallel_size) does not divide the "
                            f"{shape.num_heads} attention / {shape.num_kv_heads} KV heads")
         if roll.max_model_len is not None and roll.max_model_len > shape.max_position_embeddings:
             reasons.append(f"backend.max_model_len={roll.max_model_len} exceeds the model's "
@@ -240,8 +252,9 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
             reasons.append(f"vLLM's KV cache holds {kv.tokens} tokens, less than one max_model_len="
                            f"{roll.max_model_len} sequence (vLLM refuses to start)")
         elif kv.max_seqs < kv.needed_seqs:
-            warnings.append(f"KV cache holds {kv.max_seqs} sequences of {kv.seq_len} tokens at once, fewer than "
-                            f"search.batch_size={kv.needed_seqs}: vLLM queues the rest (slower rollouts)")
+            warnings.append(f"an engine's KV cache holds {kv.max_seqs} sequences of {kv.seq_len} tokens at once, fewer "
+                            f"than the {kv.needed_seqs} requests a rollout wave gives each of the {roll.replicas} "
+                            "engine(s): vLLM queues the rest (slower rollouts)")
         if roll.tp > p.gpus_per_node:
             warnings.append(f"vLLM tensor parallelism {roll.tp} spans nodes (slow); prefer <= {p.gpus_per_node}")
     elif roll.kv is not None and roll.kv.needed_bytes_per_gpu > max(0, roll.kv.per_gpu_bytes):

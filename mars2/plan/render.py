@@ -64,14 +64,15 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
     per_token = kv_bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, DTYPE_BYTES[a.dtype])
     if r.kv is not None:
         kv = r.kv
-        what = (f"vLLM, TP {r.tp}, gpu_memory_utilization {cp.gpu_memory_utilization:g}" if r.backend == "vllm"
+        what = (f"vLLM, {r.replicas} engine(s) x TP {r.tp}, gpu_memory_utilization {cp.gpu_memory_utilization:g}"
+                if r.backend == "vllm"
                 else "transformers on one GPU")
         t.add_row("rollout", f"{what}: weights {_gb(r.weights_per_gpu_bytes)}/GPU, KV cache "
                              f"{_gb(max(0, kv.per_gpu_bytes))}/GPU = {kv.tokens:,} tokens "
                              f"({per_token / 1024:,.0f} KiB/token, {kv.bytes_per_token_gpu / 1024:,.0f} KiB per GPU)")
         full = f"; {kv.tokens // r.max_model_len} at max_model_len {r.max_model_len}" if r.max_model_len else ""
-        t.add_row("KV at lengths", f"{kv.seq_len} tokens/sequence: {kv.max_seqs:,} sequences at once (rollout keeps "
-                                   f"{kv.needed_seqs} in flight){full}")
+        t.add_row("KV at lengths", f"{kv.seq_len} tokens/sequence: {kv.max_seqs:,} sequences at once per engine (a "
+                                   f"rollout wave gives it {kv.needed_seqs}){full}")
     else:
         t.add_row("rollout", f"transformers on CPU: KV cache {per_token / 1024:,.1f} KiB/token")
     if a.device == "cuda":
