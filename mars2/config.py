@@ -141,6 +141,20 @@ class DataConfig:
 
 
 @dataclass
+class Prior:
+    """Prior of every posterior of the search (docs/algorithm.md §5): ``gaussian``: Normal-Inverse-Gamma(m, κ, ν, τ²)
+    (TreeQuest's defaults); ``beta``: Beta(a, b) on scores in [0, 1]."""
+
+    dist: str = choice("gaussian", DISTS)
+    m: float = 0.0
+    kappa: float = 1.0
+    nu: float = 1.0
+    tau2: float = 0.1
+    a: float = 0.5
+    b: float = 0.5
+
+
+@dataclass
 class SearchConfig:
     """Rollout. ``ab_mcts``: MARS² multi-agent AB-MCTS-A, one ``max_nodes``-node tree per problem.
     ``independent``: each agent samples ``n_samples`` programs per problem (vanilla GRPO baseline)."""
@@ -149,11 +163,7 @@ class SearchConfig:
     max_nodes: int = 8  # nodes per tree (train 8 in the paper)
     expansions_per_wave: int = 1  # asks per tree before the tells (1 = sequential AB-MCTS-A; >1 = bigger batches)
     n_samples: int = 4  # independent: samples per agent per problem
-    dist: str = choice("gaussian", DISTS)  # posterior family: gaussian (Normal-Inverse-Gamma) | beta
-    prior_m: float = 0.0
-    prior_kappa: float = 1.0
-    prior_nu: float = 1.0
-    prior_tau2: float = 0.1
+    prior: Prior = field(default_factory=lambda: Prior())  # of every posterior of the search
     detailed_feedback: bool = False  # T+: failing input / traceback in refine prompts (off for training)
     depth_decay: bool = False  # T+: depth-guided exploration (off for training)
     depth_gamma0: float = 0.98

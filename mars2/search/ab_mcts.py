@@ -21,22 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mars2.config import DISTS
+from mars2.config import DISTS, Prior
 
 ROOT = -1
-
-
-@dataclass(frozen=True)
-class Prior:
-    """``gaussian``: Normal-Inverse-Gamma(m, κ, ν, τ²); ``beta``: Beta(a, b) on scores in [0, 1]."""
-
-    dist: str = "gaussian"
-    m: float = 0.0
-    kappa: float = 1.0
-    nu: float = 1.0
-    tau2: float = 0.1
-    a: float = 0.5
-    b: float = 0.5
 
 
 @dataclass(frozen=True)

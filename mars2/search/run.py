@@ -25,13 +25,11 @@ def public_grader(grading: GradingConfig) -> GradeFn:
 
 def search_policy(search: SearchConfig):
     """AB-MCTS-A with the configured posterior prior and, for T+, depth-guided exploration."""
-    from mars2.search.ab_mcts import ABMCTSA, DepthDecay, Prior
+    from mars2.search.ab_mcts import ABMCTSA, DepthDecay
 
-    prior = Prior(dist=search.dist, m=search.prior_m, kappa=search.prior_kappa, nu=search.prior_nu,
-                  tau2=search.prior_tau2)
     decay = (DepthDecay(search.depth_gamma0, search.depth_gamma_step, search.depth_gamma_min)
              if search.depth_decay else None)
-    return ABMCTSA(prior, decay)
+    return ABMCTSA(search.prior, decay)
 
 
 def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
