@@ -68,21 +68,28 @@ def sha256_json(obj: Any) -> str:
     return sha256_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode())
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """A temporary sibling of ``path`` to write into; renamed onto ``path`` when the block ends, deleted if it fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -95,18 +102,9 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
 
 def write_parquet(path: str | Path, df: pd.DataFrame) -> Path:
     """Write a DataFrame as Parquet atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 @contextlib.contextmanager

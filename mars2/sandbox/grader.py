@@ -334,29 +334,17 @@ def grade_many_detailed(
     return [r for r in results if r is not None]
 
 
-def grade_many(
-    jobs: Sequence[GradeJob],
-    *,
-    workers: int | None = None,
-    time_limit_s: float = 6.0,
-    memory_mb: int = 1024,
-    progress: bool = False,
-    executor: SandboxPool | None = None,
-    stop_at_first_failure: bool = True,
-    parity: str = "script",
-    isolation: str = "auto",
-    isolate_tests: bool = False,
-) -> list[Verdict]:
-    """Grade many programs concurrently; the verdicts come back in the order of ``jobs``.
+def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
+    """Grade many programs concurrently; the verdicts come back in the order of ``jobs``. ``options`` are those of
+    :func:`grade_many_detailed` (workers, time_limit_s, memory_mb, progress, executor, stop_at_first_failure, parity,
+    isolation, isolate_tests).
 
     ``workers`` sandbox slots (``None``/0: one per CPU core) each grade one job at a time (its
     tests sequentially). ``progress=True`` shows a tqdm bar. Every job's tests are validated first:
     a :class:`TestDataError` is raised before anything runs. ``executor``: a
     :class:`~mars2.sandbox.pool.SandboxPool` to use instead of the shared one.
     """
-    return [g.verdict for g in grade_many_detailed(
-        jobs, workers=workers, time_limit_s=time_limit_s, memory_mb=memory_mb, progress=progress, executor=executor,
-        stop_at_first_failure=stop_at_first_failure, parity=parity, isolation=isolation, isolate_tests=isolate_tests)]
+    return [g.verdict for g in grade_many_detailed(jobs, **options)]
 
 
 def grade_programs(programs: Sequence[tuple[str | None, Sequence[TestCase], str | None]], grading, *,
