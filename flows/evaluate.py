@@ -65,6 +65,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     try:
         checkpoints, hashes = checkpoints_of(cfg)
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+        tracking.log_datasets(cfg, run_id, dataset)
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
         if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)

@@ -57,6 +57,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     eval_metrics: dict[str, float] = {}
     try:
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+        tracking.log_datasets(cfg, run_id, dataset)
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
         if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)

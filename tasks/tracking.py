@@ -47,11 +47,14 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
     exp = client.get_experiment_by_name(cfg.paths.experiment)
     if exp is None:
         location = (Path(cfg.paths.root).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
-        exp_id = client.create_experiment(cfg.paths.experiment, artifact_location=location)
+        # a model-training experiment: MLflow's UI opens it on runs and charts, not on its GenAI (traces) view
+        exp_id = client.create_experiment(cfg.paths.experiment, artifact_location=location,
+                                          tags={EXPERIMENT_KIND: "custom_model_development"})
     else:
         exp_id = exp.experiment_id
     tags = {"prefect.flow_run_id": flow_run_id, "mars2.agents": cfg.agents.preset,
-            "mars2.paradigm": cfg.agents.paradigm, "mars2.kind": kind}
+            "mars2.paradigm": cfg.agents.paradigm, "mars2.kind": kind, **source_tags(),
+            "mlflow.note.content": describe(cfg, kind)}
     tags |= {f"mars2.{k}": str(v) for k, v in cfg.paths.tags.items()}
     parent_run_id = parent_run_id or cfg.paths.parent_run
     if parent_run_id:
@@ -62,6 +65,54 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
         client.log_batch(run.info.run_id, params=params[i : i + 100])
     client.log_text(run.info.run_id, config_yaml, "config.yaml")
     return run.info.run_id
+
+
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's source tags: the entry point (``sys.argv[0]``) and, in a git checkout, the commit it ran."""
+    import subprocess
+    import sys
+
+    tags = {"mlflow.source.type": "LOCAL", "mlflow.source.name": Path(sys.argv[0]).name if sys.argv[0] else "python"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                                capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0:
+            tags["mlflow.source.git.commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return tags
+
+
+def describe(cfg: RunConfig, kind: str) -> str:
+    """The run's one-paragraph description (MLflow shows it on the run page)."""
+    data = cfg.data.source + (f" → eval on {cfg.data.eval_source}" if cfg.data.split == "source" else "")
+    return (f"mars2 {kind}: agents={cfg.agents.preset} ({cfg.agents.paradigm}, "
+            f"{', '.join(m.name for m in cfg.agents.members)}), search={cfg.search.strategy} "
+            f"({cfg.search.max_nodes} nodes), data={data}, {cfg.train.cycles} cycle(s).")
+
+
+def log_datasets(cfg: RunConfig, run_id: str, dataset: StageRecord) -> None:
+    """The data stage's train and eval splits as MLflow dataset inputs (name, digest = the split's content hash,
+    row counts, schema), so the run page lists what it trained and was evaluated on."""
+    import warnings
+
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+    inputs = []
+    for split, digest in (("train", dataset.meta.get("train_hash")), ("eval", dataset.meta.get("eval_hash"))):
+        frame = pd.read_parquet(dataset.path(f"{split}.parquet"), columns=["id", "platform", "difficulty",
+                                                                             "contest_date"])
+        ds = mlflow.data.from_pandas(frame, source=str(dataset.path(f"{split}.parquet")),
+                                     name=f"{cfg.data.source if split == 'train' else cfg.data.eval_source or cfg.data.source}-{split}",
+                                     digest=(digest or dataset.key)[:36])
+        inputs.append(DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", split)]))
+    _client(tracking_uri(cfg)).log_inputs(run_id, datasets=inputs)
 
 
 def log_params(cfg: RunConfig, run_id: str, params: dict[str, Any]) -> None:

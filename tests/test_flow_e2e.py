@@ -123,6 +123,15 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     assert params["sandbox.isolation"] in ("bwrap", "process") and params["grading.parity"] == "script"
     tags = dict(_mlflow(home, "select key, value from tags where run_uuid=?", run_id))
     assert len(tags["prefect.flow_run_id"]) == 36
+    assert tags["mlflow.source.name"] == "train_cycle.py" and "agents=tiny_cpu" in tags["mlflow.note.content"]
+    assert len(tags.get("mlflow.source.git.commit", "0" * 40)) == 40  # a clean clone is a git checkout
+    kind = dict(_mlflow(home, "select key, value from experiment_tags"))
+    assert kind["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on runs and charts
+    from mlflow.tracking import MlflowClient
+
+    inputs = MlflowClient(f"sqlite:///{home / 'mlflow.db'}").get_run(run_id).inputs.dataset_inputs
+    assert sorted(i.dataset.name for i in inputs) == ["toy-eval", "toy-train"]
+    assert {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"} == {"train", "eval"}
     steps = _mlflow(home, "select step from metrics where run_uuid=? and key='eval/qwen_tiny/pass_at_1'", run_id)
     assert sorted(s for (s,) in steps) == [0, 1]
     keys = {k for (k,) in _mlflow(home, "select distinct key from metrics where run_uuid=?", run_id)}
