@@ -65,8 +65,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
 
         for cycle in range(cfg.train.cycles):
-            trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents, dataset, cycle,
-                                              cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
+            trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
+                                              dataset, cycle, cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
             verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
             routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
                                  cycle)
@@ -80,8 +80,9 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
             if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
                 last = cycle == cfg.train.cycles - 1
                 evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
-                result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
-                                                    dataset, cycle, cfg.data.max_eval_problems), cycle, label="eval")
+                result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, cfg.backend, members,
+                                                    weights, agents, dataset, cycle, cfg.data.max_eval_problems),
+                                     cycle, label="eval")
                 eval_metrics = result.metrics
             report.cycle_done(cycle)
         tracking.log_final_weights(cfg, run_id, {name: model_dir(w, name) for name, w in weights.items()})
