@@ -57,9 +57,10 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         hp = UpdateHParams(loss=train.loss, clip_eps=train.clip_eps, tis_threshold=train.tis_threshold,
                            tis_veto=train.tis_veto, kl_coef=train.kl_coef, micro_batch=train.micro_batch, lr=opt.lr,
                            min_lr=opt.min_lr, betas=tuple(opt.betas), weight_decay=opt.weight_decay,
-                           warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, total_steps=train.total_steps,
+                           warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, cycle=cycle, cycles=train.cycles,
                            dtype=member.dtype, seed=train.seed + cycle,
-                           step_batch=train.step_batch, temperature=temperature if temperature > 0 else 1.0)
+                           step_batch=train.step_batch, temperature=temperature if temperature > 0 else 1.0,
+                           micro_batch_tokens=train.micro_batch_tokens, logprob_chunk_tokens=train.logprob_chunk_tokens)
         pad_id = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True).pad_token_id
         args = dict(model_dir=model_dir(weights, owner), ref_model_dir=model_dir(agents, owner),
                     prev_ds_dir=weights.resolve(prev_ds) if prev_ds else None, samples=samples, profile=profile, hp=hp,

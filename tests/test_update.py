@@ -12,7 +12,7 @@ from mars2.train.launch import UpdateLaunchError, launch_update
 
 
 def test_warmup_cosine_schedule():
-    kw = dict(total_steps=100, warmup_ratio=0.03, lr=1e-6, min_lr=1e-7)
+    kw = dict(cycles=100, warmup_ratio=0.03, lr=1e-6, min_lr=1e-7)
     assert warmup_cosine(0, **kw) == pytest.approx(1e-6 / 3)
     assert warmup_cosine(2, **kw) == pytest.approx(1e-6)
     assert warmup_cosine(100, **kw) == pytest.approx(1e-7)
@@ -52,7 +52,7 @@ def _good_and_bad(model_dir, tok, copies: int):
 def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=2)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, cycles=10)
     profile = {"zero_optimization": {"stage": 0}}
     m1 = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
                       samples=samples, out_dir=tmp_path / "c0", profile=profile, hp=hp, pad_id=tok.pad_token_id)
@@ -89,7 +89,7 @@ def test_step_batches_split_evenly_and_never_empty():
 def test_several_optimizer_steps_per_update(tiny_model_dir, tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     samples, lp = _good_and_bad(tiny_model_dir, tok, copies=4)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10, step_batch=2)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, cycles=10, step_batch=2)
     m = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
                      samples=samples, out_dir=tmp_path / "u", profile={"zero_optimization": {"stage": 0}}, hp=hp,
                      pad_id=tok.pad_token_id)
@@ -122,7 +122,7 @@ def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, 
     """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too."""
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=4)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, total_steps=10, step_batch=4)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, cycles=10, step_batch=4)
     args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
                 profile=PROFILE, hp=hp, pad_id=tok.pad_token_id, device="cpu")
     one = update_agent(out_dir=tmp_path / "one", **args)
