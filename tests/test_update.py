@@ -12,7 +12,7 @@ from mars2.train.launch import UpdateLaunchError, launch_update
 
 
 def test_warmup_cosine_schedule():
-    kw = dict(cycles=100, warmup_ratio=0.03, lr=1e-6, min_lr=1e-7)
+    kw = dict(total_steps=100, warmup_ratio=0.03, lr=1e-6, min_lr=1e-7)
     assert warmup_cosine(0, **kw) == pytest.approx(1e-6 / 3)
     assert warmup_cosine(2, **kw) == pytest.approx(1e-6)
     assert warmup_cosine(100, **kw) == pytest.approx(1e-7)

@@ -273,7 +273,15 @@ def load_causal_lm(path: str, dtype: str, device: str, ds_cfg: dict[str, Any] | 
     from transformers.initialization import no_init_weights
     from transformers.integrations.deepspeed import prevent_arange_dtype_change
 
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
     config = AutoConfig.from_pretrained(path)
+    # zero.Init patches torch's tensor constructors, and torch._dynamo refuses to import under that patch: import it
+    # and the model's module (transformers imports it lazily, and with it torch._dynamo) before entering
+    importlib.import_module("torch._dynamo")
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     # RoPE buffers are built with explicit integer/fp32 aranges that zero.Init would otherwise cast to bf16; random
     # initialisation is skipped (the checkpoint overwrites every parameter, and it cannot index empty partitions)
     with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=ds_cfg), no_init_weights():
