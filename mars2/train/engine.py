@@ -311,8 +311,10 @@ def load_into_partitions(model, path: str | Path) -> None:
     import torch.distributed as dist
     from safetensors import safe_open
 
-    handles = {f: safe_open(str(f), framework="pt") for f in checkpoint_files(path)}
-    where = {key: h for h in handles.values() for key in h.keys()}
+    where = {}
+    for f in checkpoint_files(path):
+        with safe_open(str(f), framework="pt") as h:
+            where.update(dict.fromkeys(h.keys(), f))
     writer = dist.get_rank() == 0
     seen: set[int] = set()
     for prefix, module in model.named_modules():
@@ -325,7 +327,9 @@ def load_into_partitions(model, path: str | Path) -> None:
             with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
                 if writer:
                     for key, p in params.items():
-                        p.data.copy_(where[key].get_tensor(key))
+                        # a file mapping per module: pages read stay resident only while it is open
+                        with safe_open(str(where[key]), framework="pt") as h:
+                            p.data.copy_(h.get_tensor(key))
 
 
 def enable_gradient_checkpointing(model) -> None:
