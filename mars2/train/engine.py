@@ -197,7 +197,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def backbone_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(decoder, lm head) of a causal LM (Qwen2/Qwen3/Llama), also inside a DeepSpeed engine (``engine.module``)."""
-    inner = model.module if hasattr(model, "module") and not hasattr(model, "get_output_embeddings") else model
+    inner = getattr(model, "module", model)
     return inner.get_decoder(), inner.get_output_embeddings()
 
 
