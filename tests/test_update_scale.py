@@ -30,8 +30,8 @@ def _tiny_qwen3(vocab=97, tied=False):
 
 def _random_batch(vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
-    samples = [Sample(torch.randint(1, vocab, (p,), generator=g).tolist(), torch.randint(1, vocab, (r,), generator=g).tolist(),
-                      [-1.0] * r, a) for p, r, a in ((3, 9, 1.0), (5, 4, -0.5), (2, 12, 0.3))]
+    ids = lambda n: torch.randint(1, vocab, (n,), generator=g).tolist()  # noqa: E731
+    samples = [Sample(ids(p), ids(r), [-1.0] * r, a) for p, r, a in ((3, 9, 1.0), (5, 4, -0.5), (2, 12, 0.3))]
     return pack_batch(samples, pad_id=0)
 
 

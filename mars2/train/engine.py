@@ -9,6 +9,7 @@ wrote it. docs/training.md describes how the update is built to fit long respons
 from __future__ import annotations
 
 import gc
+import importlib
 import math
 import os
 import time
@@ -272,9 +273,6 @@ def load_causal_lm(path: str, dtype: str, device: str, ds_cfg: dict[str, Any] | 
     import deepspeed
     from transformers.initialization import no_init_weights
     from transformers.integrations.deepspeed import prevent_arange_dtype_change
-
-    import importlib
-
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     config = AutoConfig.from_pretrained(path)
@@ -304,7 +302,7 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 def load_into_partitions(model, path: str | Path) -> None:
     """Copy a checkpoint into a ZeRO-3-partitioned model, one module at a time: the module's parameters are gathered,
-    rank 0 copies their values from the safetensors files (read lazily, tensor by tensor), and leaving the gather
+    rank 0 copies their values from the safetensors files (mapped tensor by tensor), and leaving the gather
     re-partitions them, so no rank ever holds more than one module's full parameters. A parameter tied to one
     loaded before (tied embeddings) is skipped; a parameter the checkpoint lacks is an error."""
     import deepspeed
@@ -327,7 +325,7 @@ def load_into_partitions(model, path: str | Path) -> None:
             with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
                 if writer:
                     for key, p in params.items():
-                        # a file mapping per module: pages read stay resident only while it is open
+                        # one file mapping per tensor: the pages read stay resident only while it is open
                         with safe_open(str(where[key]), framework="pt") as h:
                             p.data.copy_(h.get_tensor(key))
 
