@@ -64,6 +64,8 @@ def save_random_model(cfg, folder: str, device: str) -> int:
     model.save_pretrained(folder)
     n = sum(p.numel() for p in model.parameters())
     del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the variants run in subprocesses on the same GPU
     return n
 
 
