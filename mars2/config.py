@@ -196,10 +196,13 @@ class TrainConfig:
     tis_threshold: float = 2.0
     tis_veto: float = 1e-4
     kl_coef: float = 1e-3
-    micro_batch: int = 8
+    micro_batch: int = 8  # samples per micro-batch (when micro_batch_tokens is null)
+    micro_batch_tokens: int | None = None  # padded tokens (samples x longest) per micro-batch, samples bucketed by
+    #                                        length; null = micro_batch samples per micro-batch
+    logprob_chunk_tokens: int = 1024  # response positions per chunk of the log-prob computation: bounds the fp32
+    #                                   [tokens x vocab] logits held at once (1024 x 151,936 x 4 B = 0.6 GB)
     train_batch: int = 8  # an agent updates when its buffer holds at least this many samples
     step_batch: int | None = None  # samples per optimizer step (PPO-style mini-batches); null = one step on all
-    total_steps: int = 100  # horizon of the cosine schedule
     shaping: bool = True  # tree-consistent reward shaping (docs/algorithm.md §9); off for the ablation / GRPO
     shaping_gamma: float = 0.5
     shaping_lambda: float = 0.5
@@ -383,6 +386,12 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if t.keep_optimizer_states < 1:
         _fail(f"train.keep_optimizer_states={t.keep_optimizer_states} would delete the state the next update resumes "
               "from", "Use an integer >= 1 (1 keeps each agent's latest DeepSpeed state only).")
+    if t.micro_batch_tokens is not None and (isinstance(t.micro_batch_tokens, bool) or t.micro_batch_tokens < 1):
+        _fail(f"train.micro_batch_tokens={t.micro_batch_tokens} is invalid",
+              "Use null (micro_batch samples per micro-batch) or a token budget >= 1, e.g. 65536.")
+    if isinstance(t.logprob_chunk_tokens, bool) or t.logprob_chunk_tokens < 1:
+        _fail(f"train.logprob_chunk_tokens={t.logprob_chunk_tokens} is invalid",
+              "Use an integer >= 1 (default 1024 positions per chunk).")
     if cfg.search.n_samples < 1 or cfg.search.max_new_tokens < 1:
         _fail("search.n_samples and search.max_new_tokens must be >= 1",
               f"Got {cfg.search.n_samples} and {cfg.search.max_new_tokens}.")

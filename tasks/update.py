@@ -40,7 +40,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         from transformers import AutoTokenizer
 
         from mars2.io import write_parquet
-        from mars2.train import Sample, UpdateHParams, update_agent
+        from mars2.train import Sample, update_agent, update_hparams
         from mars2.train.checkpoints import complete_model_folder, require_optimizer_state
         from mars2.train.launch import launch_update
 
@@ -55,13 +55,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         require_optimizer_state(current.optimizer_dir)
         samples = [Sample(list(r.prompt_ids), list(r.response_ids), list(r.logprobs), float(r.advantage))
                    for r in table.itertuples()]
-        opt = member.optimizer
-        hp = UpdateHParams(loss=train.loss, clip_eps=train.clip_eps, tis_threshold=train.tis_threshold,
-                           tis_veto=train.tis_veto, kl_coef=train.kl_coef, micro_batch=train.micro_batch, lr=opt.lr,
-                           min_lr=opt.min_lr, betas=tuple(opt.betas), weight_decay=opt.weight_decay,
-                           warmup_ratio=opt.warmup_ratio, grad_clip=opt.grad_clip, total_steps=train.total_steps,
-                           dtype=member.dtype, seed=train.seed + cycle,
-                           step_batch=train.step_batch, temperature=temperature if temperature > 0 else 1.0)
+        hp = update_hparams(train, member.optimizer, cycle=cycle, dtype=member.dtype, temperature=temperature)
         reference = agents.weights_of(owner)
         pad_id = AutoTokenizer.from_pretrained(reference.tokenizer_dir, local_files_only=True).pad_token_id
         args = dict(model_dir=current.model_dir, ref_model_dir=reference.model_dir, prev_ds_dir=current.optimizer_dir,

@@ -52,7 +52,7 @@ def _good_and_bad(model_dir, tok, copies: int):
 def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=2)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, cycles=10)
     profile = {"zero_optimization": {"stage": 0}}
     m1 = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
                       samples=samples, out_dir=tmp_path / "c0", profile=profile, hp=hp, pad_id=tok.pad_token_id)
@@ -89,7 +89,7 @@ def test_step_batches_split_evenly_and_never_empty():
 def test_several_optimizer_steps_per_update(tiny_model_dir, tiny_tokenizer, tmp_path):
     tok = tiny_tokenizer
     samples, lp = _good_and_bad(tiny_model_dir, tok, copies=4)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, total_steps=10, step_batch=2)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=2, cycles=10, step_batch=2)
     m = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
                      samples=samples, out_dir=tmp_path / "u", profile={"zero_optimization": {"stage": 0}}, hp=hp,
                      pad_id=tok.pad_token_id)
@@ -122,7 +122,7 @@ def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, 
     """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too."""
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=4)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, total_steps=10, step_batch=4)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, cycles=10, step_batch=4)
     args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
                 profile=PROFILE, hp=hp, pad_id=tok.pad_token_id, device="cpu")
     one = update_agent(out_dir=tmp_path / "one", **args)
@@ -152,3 +152,16 @@ def test_failed_launch_raises_with_the_ranks_output(tiny_model_dir, tiny_tokeniz
                       ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples, out_dir=str(tmp_path / "o"),
                       profile=PROFILE, hp=UpdateHParams(), pad_id=tiny_tokenizer.pad_token_id, device="cpu")
     assert not (tmp_path / "o" / "model").exists()
+
+
+def test_update_hparams_read_the_run_and_agent_config_once():
+    from mars2.config import OptimizerConfig, TrainConfig
+    from mars2.train import update_hparams
+
+    train = TrainConfig(loss="grpo", clip_eps=0.3, kl_coef=0.01, micro_batch_tokens=4096, step_batch=16, cycles=5, seed=3)
+    hp = update_hparams(train, OptimizerConfig(lr=2e-4, betas=[0.8, 0.9], warmup_ratio=0.1), cycle=2,
+                        dtype="bfloat16", temperature=0.0)
+    assert (hp.loss, hp.clip_eps, hp.kl_coef, hp.micro_batch_tokens, hp.step_batch) == ("grpo", 0.3, 0.01, 4096, 16)
+    assert (hp.lr, hp.betas, hp.warmup_ratio) == (2e-4, (0.8, 0.9), 0.1)
+    assert (hp.cycle, hp.cycles, hp.seed, hp.dtype) == (2, 5, 5, "bfloat16")
+    assert hp.temperature == 1.0  # greedy rollouts train the untempered policy

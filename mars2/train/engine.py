@@ -1,13 +1,16 @@
 """One policy update of one agent through its own DeepSpeed engine (DESIGN.md §2.4).
 
-Each agent (or each set of shared weights, for homogeneous multi-role) owns a model, an optimizer with
-a warmup+cosine schedule, a frozen reference model and a DeepSpeed checkpoint that carries optimizer
-and scheduler state from one update to the next. Log-probs of a sample are computed only by the agent
-that wrote it.
+Each agent (or each set of shared weights, for homogeneous multi-role) owns a model, an AdamW optimizer whose lr
+follows a warmup+cosine schedule over the run's updates, a frozen reference model and a DeepSpeed checkpoint that
+carries optimizer state from one update to the next. Log-probs of a sample are computed only by the agent that
+wrote it. docs/training.md describes how the update is built to fit long responses.
 """
 
 from __future__ import annotations
 
+import gc
+import importlib
+import dataclasses
 import math
 import os
 import time
@@ -47,11 +50,26 @@ class UpdateHParams:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.03
     grad_clip: float = 1.0
-    total_steps: int = 100
+    cycle: int = 0  # index of this update in the run: the lr schedule's step
+    cycles: int = 1  # updates in the run (train.cycles): the lr schedule's horizon
     dtype: str = "float32"
     seed: int = 0
     step_batch: int | None = None  # samples per optimizer step; None = one step on all samples
     temperature: float = 1.0  # rollout sampling temperature T: the trained policy is softmax(logits / T)
+    micro_batch_tokens: int | None = None  # padded tokens per micro-batch (length-bucketed); None = micro_batch samples
+    logprob_chunk_tokens: int = 1024  # response positions per chunk of the [tokens × vocab] log-prob computation
+
+
+def update_hparams(train, optimizer, *, cycle: int, dtype: str, temperature: float) -> UpdateHParams:
+    """This update's hyper-parameters: every field :class:`UpdateHParams` shares by name with the run's
+    :class:`mars2.config.TrainConfig` or the agent's :class:`mars2.config.OptimizerConfig`, plus where it stands in
+    the run (``cycle`` of ``train.cycles``: the lr schedule), its seed (``train.seed + cycle``), the agent's dtype and
+    the rollout temperature T (the trained policy is softmax(logits / T); T = 0, greedy, trains T = 1)."""
+    own = {f.name for f in dataclasses.fields(UpdateHParams)}
+    shared = {name: getattr(cfg, name) for cfg in (train, optimizer) for name in (f.name for f in dataclasses.fields(cfg))
+              if name in own and name not in ("seed", "cycles")}
+    return UpdateHParams(**{**shared, "betas": tuple(optimizer.betas)}, cycle=cycle, cycles=train.cycles, dtype=dtype,
+                         seed=train.seed + cycle, temperature=temperature if temperature > 0 else 1.0)
 
 
 def init_distributed() -> tuple[int, int]:
@@ -110,6 +128,47 @@ def warmup_cosine(step: int, *, total_steps: int, warmup_ratio: float, lr: float
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def update_lr(hp: UpdateHParams) -> float:
+    """The lr of update ``hp.cycle`` of ``hp.cycles``: warmup_cosine(cycle, total = cycles), one schedule step per
+    update (as verl steps its scheduler once per training step), constant over that update's optimizer steps."""
+    return warmup_cosine(hp.cycle, total_steps=hp.cycles, warmup_ratio=hp.warmup_ratio, lr=hp.lr, min_lr=hp.min_lr)
+
+
+def zero_stage(profile: dict[str, Any]) -> int:
+    """ZeRO stage of a ``conf/deepspeed/`` profile (0 when it has none)."""
+    return int(profile.get("zero_optimization", {}).get("stage", 0))
+
+
+def offloads_optimizer(profile: dict[str, Any]) -> bool:
+    """Whether the profile keeps optimizer states on the host (``zero_optimization.offload_optimizer.device``)."""
+    offload = profile.get("zero_optimization", {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") in ("cpu", "nvme")
+
+
+def optimizer_class(profile: dict[str, Any]) -> type:
+    """AdamW implementation for a profile: DeepSpeed's ``DeepSpeedCPUAdam`` when the optimizer is offloaded to the host
+    (DeepSpeed refuses a torch optimizer there), else ``torch.optim.AdamW``. Importing the class builds nothing; its
+    C++ kernel compiles on first construction."""
+    if offloads_optimizer(profile):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam
+    return torch.optim.AdamW
+
+
+def build_optimizer(params, profile: dict[str, Any], *, lr: float, betas: tuple[float, float], weight_decay: float):
+    """The update's AdamW (decoupled weight decay) over ``params``, of :func:`optimizer_class`."""
+    cls = optimizer_class(profile)
+    extra = {"adamw_mode": True} if cls is not torch.optim.AdamW else {}
+    return cls(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **extra)
+
+
+def reference_config(ds_cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed config of the frozen reference model: the policy's, without an optimizer to offload."""
+    zero = {k: v for k, v in ds_cfg.get("zero_optimization", {}).items() if k != "offload_optimizer"}
+    return {**ds_cfg, "zero_optimization": zero}
+
+
 def pack_batch(samples: list[Sample], pad_id: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Right-pad prompt+response sequences into tensors aligned with next-token log-probs.
 
@@ -141,7 +200,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """log π_T(x_{t+1} | x_{≤t}) for every position, π_T = softmax(logits / T): [B, L] ids → [B, L−1] (float32).
 
     The policy that is trained is the one the rollouts sampled from: at rollout temperature T that is π_T (as in
-    verl), so the rollout log-probs, π_old and π_ref are all log π_T and the ratios start at 1.
+    verl), so the rollout log-probs, π_old and π_ref are all log π_T and the ratios start at 1. This full path holds
+    [B, L, vocab] fp32 logits (≈ 22 GB for one 36K-token Qwen3 sequence); training uses :func:`chunked_token_logprobs`.
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     if temperature != 1.0:
@@ -149,21 +209,181 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-def _load_model(path: str, dtype: str, device: str):
-    from transformers import AutoModelForCausalLM
+def backbone_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(decoder, lm head) of a causal LM (Qwen2/Qwen3/Llama), also inside a DeepSpeed engine (``engine.module``)."""
+    inner = getattr(model, "module", model)
+    return inner.get_decoder(), inner.get_output_embeddings()
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+
+def final_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """h = the decoder's last hidden states (after the final norm): [B, L] ids → [B, L, H].
+
+    The whole model is called (so DeepSpeed's ZeRO-3 hooks see a normal forward) with no position kept for the head
+    (``logits_to_keep`` empty → [B, 0, vocab] logits); h is taken from the decoder's output by a forward hook.
+    """
+    decoder, _ = backbone_and_head(model)
+    captured: list[torch.Tensor] = []
+    handle = decoder.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+    finally:
+        handle.remove()
+    return captured[0]
+
+
+def _sampled_logprob_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                           temperature: float) -> torch.Tensor:
+    """z = (h·W)/T in fp32; log π_T(x) = z[x] − logsumexp(z): hidden [C, H], targets [C] → [C]."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits.div_(temperature)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def sampled_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                     chunk_tokens: int = 1024) -> torch.Tensor:
+    """log π_T(targets | hidden) over chunks of ``chunk_tokens`` positions: hidden [N, H], targets [N] → [N] (fp32).
+
+    With gradients on, each chunk runs under non-reentrant ``torch.utils.checkpoint``: its [C, vocab] logits are
+    rebuilt in backward instead of kept, so at most one chunk's logits (and their gradient) exist at a time.
+    """
+    out = []
+    for i in range(0, hidden.shape[0], chunk_tokens):
+        h, x = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]
+        if torch.is_grad_enabled() and h.requires_grad:
+            out.append(torch.utils.checkpoint.checkpoint(_sampled_logprob_chunk, head, h, x, temperature,
+                                                         use_reentrant=False))
+        else:
+            out.append(_sampled_logprob_chunk(head, h, x, temperature))
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, *,
+                           temperature: float = 1.0, chunk_tokens: int = 1024) -> torch.Tensor:
+    """:func:`token_logprobs` at the response positions only, computed in chunks: [B, L] ids, ``mask`` [B, L−1] →
+    [B, L−1] fp32, log π_T(x_{t+1} | x_{≤t}) where mask = 1 and 0 elsewhere.
+
+    log π_T(x_{t+1} | x_{≤t}) = (h_t·W)[x_{t+1}]/T − logsumexp(h_t·W/T), h from :func:`final_hidden_states`,
+    W the output embedding; see :func:`sampled_logprobs` for the memory bound.
+    """
+    _, head = backbone_and_head(model)
+    hidden = final_hidden_states(model, input_ids, attention_mask)[:, :-1]
+    where = mask.bool()
+    values = sampled_logprobs(head, hidden[where], input_ids[:, 1:][where], temperature=temperature,
+                              chunk_tokens=chunk_tokens)
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
+
+
+def load_causal_lm(path: str, dtype: str, device: str, ds_cfg: dict[str, Any] | None = None):
+    """A causal LM from ``path``. Under a ZeRO-3 ``ds_cfg`` it is built partitioned: constructed inside
+    ``deepspeed.zero.Init`` (each of N ranks holds 1/N of every parameter from construction on), then filled from the
+    checkpoint one module at a time by :func:`load_into_partitions`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if ds_cfg is None or zero_stage(ds_cfg) != 3:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    import deepspeed
+    from transformers.initialization import no_init_weights
+    from transformers.integrations.deepspeed import prevent_arange_dtype_change
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = AutoConfig.from_pretrained(path)
+    # zero.Init patches torch's tensor constructors, and torch._dynamo refuses to import under that patch: import it
+    # and the model's module (transformers imports it lazily, and with it torch._dynamo) before entering
+    importlib.import_module("torch._dynamo")
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    # RoPE buffers are built with explicit integer/fp32 aranges that zero.Init would otherwise cast to bf16; random
+    # initialisation is skipped (the checkpoint overwrites every parameter, and it cannot index empty partitions)
+    with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=ds_cfg), no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.tie_weights()  # tied embeddings (config.tie_word_embeddings): lm_head shares the embedding's partition
+    load_into_partitions(model, path)
+    return model
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a model folder (one file, or the shards its index names)."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        import json
+
+        return [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [path / "model.safetensors"]
+
+
+def load_into_partitions(model, path: str | Path) -> None:
+    """Copy a checkpoint into a ZeRO-3-partitioned model, one module at a time: the module's parameters are gathered,
+    rank 0 copies their values from the safetensors files (mapped tensor by tensor), and leaving the gather
+    re-partitions them, so no rank ever holds more than one module's full parameters. A parameter tied to one
+    loaded before (tied embeddings) is skipped; a parameter the checkpoint lacks is an error."""
+    import deepspeed
+    import torch.distributed as dist
+    from safetensors import safe_open
+
+    where = {}
+    for f in checkpoint_files(path):
+        with safe_open(str(f), framework="pt") as h:
+            where.update(dict.fromkeys(h.keys(), f))
+    writer = dist.get_rank() == 0
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        params = {f"{prefix}.{n}" if prefix else n: p for n, p in module.named_parameters(recurse=False)
+                  if id(p) not in seen}
+        seen.update(id(p) for p in params.values())
+        if missing := [k for k in params if k not in where]:
+            raise ValueError(f"{path}: the checkpoint has no {missing[0]!r} (and {len(missing) - 1} more)")
+        if params:
+            with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
+                if writer:
+                    for key, p in params.items():
+                        # one file mapping per tensor: the pages read stay resident only while it is open
+                        with safe_open(str(where[key]), framework="pt") as h:
+                            p.data.copy_(h.get_tensor(key))
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer; no KV cache in training."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def reference_logprobs(ref_model_dir: str, batches: list[dict[str, torch.Tensor]], ds_cfg: dict[str, Any],
+                       hp: UpdateHParams, device: str) -> list[torch.Tensor]:
+    """log π_ref of every micro-batch ([B, L−1] each, zeros off the response), computed once before the optimizer
+    steps; the reference model is freed before the policy is built, so the two never share memory. Under ZeRO-3 the
+    reference is partitioned too (its own DeepSpeed engine, no optimizer)."""
+    import deepspeed
+
+    ref = load_causal_lm(ref_model_dir, hp.dtype, device, ds_cfg if zero_stage(ds_cfg) == 3 else None)
+    engine = None
+    if zero_stage(ds_cfg) == 3:
+        engine, *_ = deepspeed.initialize(model=ref, config=reference_config(ds_cfg))
+        ref = engine
+    ref.eval()
+    with torch.no_grad():
+        out = [chunked_token_logprobs(ref, b["input_ids"], b["attention_mask"], b["mask"],
+                                      temperature=hp.temperature, chunk_tokens=hp.logprob_chunk_tokens)
+               for b in batches]
+    if engine is not None:
+        engine.destroy()
+    del ref, engine
+    gc.collect()
+    return out
 
 
 def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None, samples: list[Sample],
                  out_dir: str | Path, profile: dict[str, Any], hp: UpdateHParams, pad_id: int,
                  device: str = "cpu") -> dict[str, float]:
     """Optimizer step(s) of one agent on its routed samples; writes ``out_dir/model`` (HF safetensors)
-    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer + scheduler state). Returns metrics.
+    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer state). Returns metrics.
 
     ``hp.step_batch=None``: one step on all samples (π_old = the policy before the step). Otherwise the samples,
     in a seeded order, form ⌊n/step_batch⌋ near-equal batches and each takes one step; π_old is the policy
     before the first step for all of them (PPO-style), so later steps' ratios see how far the policy moved.
+    Every step uses the lr :func:`update_lr` of this update. π_ref is computed first (:func:`reference_logprobs`),
+    then the policy is built (partitioned under ZeRO-3) with :func:`build_optimizer`.
 
     Under torchrun (:mod:`mars2.train.launch`) every rank calls this with all samples and trains on its shard of
     each step (:func:`rank_micro_batches`); DeepSpeed all-reduces the gradients, metrics are summed over ranks, and
@@ -174,68 +394,72 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
 
     rank, world = init_distributed()
     device = rank_device(device, world)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
     torch.manual_seed(hp.seed)
     out_dir = Path(out_dir)
-    model = _load_model(model_dir, hp.dtype, device)
-    if profile.get("gradient_checkpointing"):
-        model.gradient_checkpointing_enable()
-    ref = _load_model(ref_model_dir, hp.dtype, device).eval().requires_grad_(False)
     groups = step_groups(len(samples), hp.step_batch, hp.seed)
-    steps = rank_micro_batches(groups, hp.micro_batch, world, rank)
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    steps = rank_micro_batches(groups, hp.micro_batch, world, rank, lengths=lengths,
+                               micro_batch_tokens=hp.micro_batch_tokens)
     n_micro = len(steps[0])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, total_steps=hp.total_steps, warmup_ratio=hp.warmup_ratio,
-                                              lr=hp.lr, min_lr=hp.min_lr) / hp.lr)
     ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=n_micro, grad_clip=hp.grad_clip)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+    batches = [pack_batch([samples[i] for i in idx], pad_id, device) for micro in steps for idx in micro]
+    ref_logps = reference_logprobs(ref_model_dir, batches, ds_cfg, hp, device)
+
+    model = load_causal_lm(model_dir, hp.dtype, device, ds_cfg)
+    if profile.get("gradient_checkpointing"):
+        enable_gradient_checkpointing(model)
+    lr = update_lr(hp)
+    optimizer = build_optimizer(model.parameters(), profile, lr=lr, betas=hp.betas, weight_decay=hp.weight_decay)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
     step = 0
     if prev_ds_dir is not None:
-        _, client = engine.load_checkpoint(prev_ds_dir, tag="ckpt")
+        _, client = engine.load_checkpoint(prev_ds_dir, tag="ckpt", load_lr_scheduler_states=False)
         step = int((client or {}).get("update_step", 0))
         if client and "torch_rng" in client:
             torch.set_rng_state(client["torch_rng"])
+    for group in optimizer.param_groups:  # the checkpoint brought back the previous update's lr
+        group["lr"] = lr
     engine.train()
     start = time.perf_counter()
-    chunks = [[samples[i] for i in idx] for micro in steps for idx in micro]
+
+    def logprobs(batch):
+        return chunked_token_logprobs(engine, batch["input_ids"], batch["attention_mask"], batch["mask"],
+                                      temperature=hp.temperature, chunk_tokens=hp.logprob_chunk_tokens)
+
     old_logps = None
     if len(steps) > 1:
         with torch.no_grad():
-            old_logps = [token_logprobs(engine, b["input_ids"], b["attention_mask"], hp.temperature)
-                         for b in (pack_batch(c, pad_id, engine.device) for c in chunks)]
+            old_logps = [logprobs(b) for b in batches]
     keys = ("loss", "pg_loss", "kl", "clip_frac", "tis_vetoed")
     totals = torch.zeros(len(keys), dtype=torch.float64)
     grad_norm = None
     k = 0
     for micro, group in zip(steps, groups, strict=True):
         for i, idx in enumerate(micro):
-            chunk = chunks[k]
-            batch = pack_batch(chunk, pad_id, engine.device)
-            logp = token_logprobs(engine, batch["input_ids"], batch["attention_mask"], hp.temperature)
-            with torch.no_grad():
-                ref_logp = token_logprobs(ref, batch["input_ids"], batch["attention_mask"], hp.temperature)
+            batch = batches[k]
+            logp = logprobs(batch)
             old_logp = logp.detach() if old_logps is None else old_logps[k]
             if hp.loss == "gspo":
-                out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logp, batch["advantages"], batch["mask"],
-                                clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold, tis_veto=hp.tis_veto,
-                                kl_coef=hp.kl_coef)
+                out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logps[k], batch["advantages"],
+                                batch["mask"], clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold,
+                                tis_veto=hp.tis_veto, kl_coef=hp.kl_coef)
             else:
-                out = grpo_loss(logp, old_logp, ref_logp, batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
+                out = grpo_loss(logp, old_logp, ref_logps[k], batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
                                 kl_coef=hp.kl_coef)
             # DeepSpeed divides by the accumulation count and averages over ranks; weight each micro-batch by its
             # share of the step's samples so the gradient is the mean over all of them, whatever the split
-            engine.backward(out.loss * (len(chunk) * n_micro * world / len(group)))
+            engine.backward(out.loss * (len(idx) * n_micro * world / len(group)))
             if i == n_micro - 1:
                 grad_norm = _grad_norm(engine)
             engine.step()
             totals += torch.tensor([float(out.loss.item() if key == "loss" else getattr(out, key)) for key in keys],
-                                   dtype=torch.float64) * len(chunk)
+                                   dtype=torch.float64) * len(idx)
             k += 1
-    tokens = float(sum(len(samples[i].prompt_ids) + len(samples[i].response_ids)
-                       for micro in steps for idx in micro for i in idx))
+    tokens = float(sum(lengths[i] for micro in steps for idx in micro for i in idx))
     totals = _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device, world)
     seconds = time.perf_counter() - start
-    lr = scheduler.get_last_lr()[0]
     engine.save_checkpoint(str(out_dir / "ds"), tag="ckpt",
                            client_state={"update_step": step + len(steps), "torch_rng": torch.get_rng_state()})
     _save_hf(engine, out_dir / "model", profile, rank)
@@ -244,7 +468,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     means = {key: float(totals[j]) / len(samples) for j, key in enumerate(keys)}
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
     return {**means, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
-            "optimizer_steps": float(len(steps)), "processes": float(world),
+            "optimizer_steps": float(len(steps)), "processes": float(world), "micro_batches": float(n_micro),
             "tokens_per_s": float(totals[-1]) / max(seconds, 1e-9), "step_seconds": seconds}
 
 
@@ -270,20 +494,79 @@ def step_groups(n: int, step_batch: int | None, seed: int) -> list[list[int]]:
     return [order[i * n // n_steps : (i + 1) * n // n_steps] for i in range(n_steps)]
 
 
-def rank_micro_batches(groups: list[list[int]], micro_batch: int, world: int = 1, rank: int = 0) -> list[list[list[int]]]:
-    """This rank's micro-batches of each step: step s's samples are cut into ``world`` near-equal contiguous shards
-    and shard ``rank`` into micro-batches of at most ``micro_batch``. Every step on every rank has the same number
-    of micro-batches (DeepSpeed's gradient-accumulation count is fixed per engine, and ranks step together) and
-    none is empty, so every step needs at least ``world`` samples.
+def rank_micro_batches(groups: list[list[int]], micro_batch: int, world: int = 1, rank: int = 0, *,
+                       lengths: list[int] | None = None,
+                       micro_batch_tokens: int | None = None) -> list[list[list[int]]]:
+    """This rank's micro-batches of each step. Every step on every rank has the same number of micro-batches
+    (DeepSpeed's gradient-accumulation count is fixed per engine, and ranks step together) and none is empty, so
+    every step needs at least ``world`` samples.
+
+    ``micro_batch_tokens=None``: step s's samples are cut into ``world`` near-equal contiguous shards and shard
+    ``rank`` into micro-batches of at most ``micro_batch`` samples. Otherwise see :func:`token_budget_micro_batches`
+    (``lengths[i]`` = tokens of sample i).
     """
     if min(len(g) for g in groups) < world:
         raise ValueError(f"an optimizer step has {min(len(g) for g in groups)} samples for {world} processes; "
                          "use fewer processes or a larger step_batch")
+    if micro_batch_tokens is not None:
+        if lengths is None:
+            raise ValueError("micro_batch_tokens needs the samples' lengths")
+        return token_budget_micro_batches(groups, lengths, micro_batch_tokens, world, rank)
     shards = [[g[r * len(g) // world : (r + 1) * len(g) // world] for r in range(world)] for g in groups]
     sizes = [len(s) for per_step in shards for s in per_step]
     n_micro = min(math.ceil(max(sizes) / micro_batch), min(sizes))
     return [[s[j * len(s) // n_micro : (j + 1) * len(s) // n_micro] for j in range(n_micro)]
             for s in (per_step[rank] for per_step in shards)]
+
+
+def padded_tokens(idx: list[int], lengths: list[int]) -> int:
+    """Tokens of a right-padded micro-batch: |idx| · max length."""
+    return len(idx) * max(lengths[i] for i in idx)
+
+
+def _cut_by_budget(shard: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Greedy contiguous cut of a longest-first shard: each part grows while |part| · (its first length) ≤ budget
+    (a sample longer than the budget goes alone). Fewest parts of any contiguous cut under that budget."""
+    parts: list[list[int]] = []
+    for i in shard:
+        if parts and (len(parts[-1]) + 1) * lengths[parts[-1][0]] <= budget:
+            parts[-1].append(i)
+        else:
+            parts.append([i])
+    return parts
+
+
+def cut_into(shard: list[int], lengths: list[int], n: int) -> list[list[int]]:
+    """A longest-first shard cut into exactly n (≤ |shard|) contiguous non-empty micro-batches with the smallest
+    largest padded size: the least budget whose greedy cut has ≤ n parts (bisection), then the largest parts
+    halved until there are n."""
+    lo, hi = max(lengths[i] for i in shard), padded_tokens(shard, lengths)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(_cut_by_budget(shard, lengths, mid)) <= n else (mid + 1, hi)
+    parts = _cut_by_budget(shard, lengths, lo)
+    while len(parts) < n:
+        j = max((j for j, p in enumerate(parts) if len(p) > 1), key=lambda j: padded_tokens(parts[j], lengths))
+        parts[j : j + 1] = [parts[j][: len(parts[j]) // 2], parts[j][len(parts[j]) // 2 :]]
+    return parts
+
+
+def token_budget_micro_batches(groups: list[list[int]], lengths: list[int], micro_batch_tokens: int, world: int,
+                               rank: int) -> list[list[list[int]]]:
+    """This rank's length-bucketed micro-batches of each step under a padded-token budget.
+
+    Step s's samples, longest first, are dealt round-robin to the ranks (so ranks get similar lengths); the
+    accumulation count n = the most micro-batches any shard needs to keep |micro| · max length ≤
+    ``micro_batch_tokens`` (:func:`_cut_by_budget`), capped at the smallest shard so none is empty; every shard is
+    then cut into exactly n micro-batches of neighbouring lengths (:func:`cut_into`). Only when the cap binds can a
+    micro-batch exceed the budget (as can a single sample longer than it).
+    """
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
+    shards = [[sorted(g, key=lambda i: (-lengths[i], i))[r::world] for r in range(world)] for g in groups]
+    flat = [s for per_step in shards for s in per_step]
+    n_micro = min(max(len(_cut_by_budget(s, lengths, micro_batch_tokens)) for s in flat), min(len(s) for s in flat))
+    return [cut_into(per_step[rank], lengths, n_micro) for per_step in shards]
 
 
 def step_batches(n: int, step_batch: int | None, micro_batch: int, seed: int) -> list[list[list[int]]]:
@@ -302,7 +585,6 @@ def _grad_norm(engine) -> float | None:
 
 def _save_hf(engine, path: Path, profile: dict[str, Any], rank: int) -> None:
     """HF safetensors of the updated model, written by rank 0 (ZeRO-3 gathers the shards from every rank first)."""
-    stage = int(profile.get("zero_optimization", {}).get("stage", 0))
-    state = engine._zero3_consolidated_16bit_state_dict() if stage == 3 else None
+    state = engine._zero3_consolidated_16bit_state_dict() if zero_stage(profile) == 3 else None
     if rank == 0:
         engine.module.save_pretrained(str(path), state_dict=state, safe_serialization=True)

@@ -1,0 +1,218 @@
+"""One policy update at long-response scale: our ``update_agent`` vs a plain DeepSpeed loop on the same batch.
+
+    python bench/gpu_update.py [--model Qwen3-1.7B] [--response-tokens 16384] [--prompt-tokens 512] [--samples 2]
+                               [--steps 1] [--profile zero3_bf16] [--chunk 1024] [--micro-batch-tokens N]
+    python bench/gpu_update.py --model Qwen3-8B --profile zero3_bf16_offload
+    python bench/gpu_update.py --tiny          # a tiny Qwen3 shape on CPU (the test suite runs this)
+
+The model is built from ``mars2/plan/model_configs/<model>.json`` with random weights and saved once to a temporary
+folder; both variants run in their own subprocess on the same samples (random tokens), under the same DeepSpeed
+profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.engine.build_optimizer`):
+
+- ours: :func:`mars2.train.update_agent` (policy and reference built partitioned, π_ref computed before the policy
+  exists, chunked log-probs, the profile's gradient checkpointing, token-budget micro-batches when given);
+- plain: the policy loaded under ZeRO-3 the same way, gradient checkpointing on, one sample per micro-batch,
+  log-probs through the full [L, vocab] fp32 logits (``token_logprobs``), GSPO loss without the KL term (no reference
+  model), ``engine.backward``/``engine.step``.
+
+Prints each variant's peak accelerator memory (CPU: peak RSS) and trained tokens/s of the optimizer loop (model
+building and, for ours, the reference pass are outside the timed loop), and ours/plain ratios. A variant that runs
+out of memory is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "mars2" / "plan" / "model_configs"
+
+
+def model_config(name: str, tiny: bool):
+    from transformers import Qwen3Config
+
+    if tiny:
+        return Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                           tie_word_embeddings=True)
+    from transformers import AutoConfig
+
+    path = Path(name) if Path(name).exists() else CONFIGS / f"{name}.json"
+    raw = json.loads(path.read_text())
+    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+
+
+def save_random_model(cfg, folder: str, device: str) -> int:
+    """Random weights for ``cfg`` (bf16 on CUDA) saved to ``folder``; returns the parameter count."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.save_pretrained(folder)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the variants run in subprocesses on the same GPU
+    return n
+
+
+def make_samples(n: int, prompt: int, response: int, vocab: int, seed: int = 0):
+    import math
+
+    import torch
+
+    from mars2.train import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    # a random-weight model is close to uniform: rollout log-probs ≈ −log V keep truncated IS from vetoing
+    return [Sample(torch.randint(1, vocab, (prompt,), generator=g).tolist(),
+                   torch.randint(1, vocab, (response,), generator=g).tolist(), [-math.log(vocab)] * response,
+                   1.0 if i % 2 == 0 else -1.0) for i in range(n)]
+
+
+def peak_memory_mb(device: str) -> float:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_ours(job: dict) -> dict:
+    from mars2.train import UpdateHParams, update_agent
+
+    samples = make_samples(job["samples"], job["prompt"], job["response"], job["vocab"])
+    hp = UpdateHParams(lr=1e-6, micro_batch=1, dtype=job["dtype"], step_batch=job["step_batch"],
+                       micro_batch_tokens=job["micro_batch_tokens"], logprob_chunk_tokens=job["chunk"])
+    m = update_agent(model_dir=job["model_dir"], ref_model_dir=job["model_dir"], prev_ds_dir=None, samples=samples,
+                     out_dir=job["out"], profile=job["profile"], hp=hp, pad_id=0, device=job["device"])
+    return {"tokens_per_s": m["tokens_per_s"], "seconds": m["step_seconds"], "loss": m["loss"]}
+
+
+def run_plain(job: dict) -> dict:
+    import deepspeed
+    import torch
+
+    from mars2.rl.losses import gspo_loss
+    from mars2.train.engine import (build_optimizer, deepspeed_config, init_distributed, load_causal_lm, pack_batch,
+                                    step_groups, token_logprobs)
+
+    init_distributed()
+    if job["device"].startswith("cuda"):
+        torch.cuda.set_device(job["device"])
+    samples = make_samples(job["samples"], job["prompt"], job["response"], job["vocab"])
+    groups = step_groups(len(samples), job["step_batch"], 0)
+    cfg = deepspeed_config(job["profile"], micro_batch=1, grad_accum=len(groups[0]), grad_clip=1.0)
+    model = load_causal_lm(job["model_dir"], job["dtype"], job["device"], cfg)
+    if job["profile"].get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = build_optimizer(model.parameters(), job["profile"], lr=1e-6, betas=(0.9, 0.95), weight_decay=0.0)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    engine.train()
+    start, tokens, loss = time.perf_counter(), 0, 0.0
+    for group in groups:
+        for i in group:
+            b = pack_batch([samples[i]], 0, engine.device)
+            logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+            out = gspo_loss(logp, logp.detach(), b["rollout_logp"], None, b["advantages"], b["mask"])
+            engine.backward(out.loss)
+            engine.step()
+            tokens += b["input_ids"].numel()
+            loss += float(out.loss) / len(samples)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "loss": loss}
+
+
+def worker(variant: str, job_path: str) -> None:
+    import torch
+
+    job = json.loads(Path(job_path).read_text())
+    try:
+        res = (run_ours if variant == "ours" else run_plain)(job)
+        res["peak_mb"] = peak_memory_mb(job["device"])
+    except torch.OutOfMemoryError as e:
+        res = {"oom": str(e).splitlines()[0][:200], "peak_mb": peak_memory_mb(job["device"])}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "_worker":
+        worker(sys.argv[2], sys.argv[3])
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="Qwen3-1.7B", help="a file name of mars2/plan/model_configs or a config.json")
+    ap.add_argument("--response-tokens", type=int, default=16384)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1, help="optimizer steps in the update")
+    ap.add_argument("--profile", default=None, help="conf/deepspeed profile; default zero3_bf16, or "
+                                                    "zero3_bf16_offload for models of 8B parameters and more")
+    ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU, ZeRO-3 fp32, 96-token responses")
+    a = ap.parse_args()
+    import torch
+    import yaml
+
+    device = a.device or ("cuda:0" if torch.cuda.is_available() and not a.tiny else "cpu")
+    cfg = model_config(a.model, a.tiny)
+    if a.tiny:
+        a.response_tokens, a.prompt_tokens, a.samples = 96, 16, 2
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    env["PYTHONPATH"] = str(ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        n_params = save_random_model(cfg, f"{tmp}/model", device)
+        name = a.profile or ("zero3_bf16_offload" if n_params >= 7e9 else "zero3_bf16")
+        profile = yaml.safe_load((ROOT / "conf" / "deepspeed" / f"{name}.yaml").read_text())
+        if a.tiny:
+            profile = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": False}, "gradient_checkpointing": True}
+            name = "zero3 fp32 (tiny)"
+        bf16 = bool(profile.get("bf16", {}).get("enabled"))
+        job = {"model_dir": f"{tmp}/model", "out": f"{tmp}/out", "profile": profile, "device": device,
+               "dtype": "bfloat16" if bf16 else "float32", "samples": a.samples, "prompt": a.prompt_tokens,
+               "response": a.response_tokens, "vocab": cfg.vocab_size, "chunk": a.chunk,
+               "micro_batch_tokens": a.micro_batch_tokens,
+               "step_batch": None if a.steps <= 1 else max(1, a.samples // a.steps)}
+        Path(f"{tmp}/job.json").write_text(json.dumps(job))
+        print(f"model {'tiny Qwen3' if a.tiny else a.model}: {n_params / 1e9:.3f} B parameters, profile {name}, "
+              f"device {device}, {a.samples} samples x ({a.prompt_tokens} prompt + {a.response_tokens} response) "
+              f"tokens, {a.steps} optimizer step(s)", flush=True)
+        res = {}
+        for variant in ("ours", "plain"):
+            out = subprocess.run([sys.executable, __file__, "_worker", variant, f"{tmp}/job.json"], env=env,
+                                 capture_output=True, text=True)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not lines:
+                raise SystemExit(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+            res[variant] = json.loads(lines[-1][len("RESULT "):])
+    unit = "GPU memory (max allocated)" if device.startswith("cuda") else "peak RSS"
+    for v, r in res.items():
+        if "oom" in r:
+            print(f"{v:5s}: out of memory ({r['oom']}); {unit} {r['peak_mb']:.0f} MB at the failure")
+        else:
+            print(f"{v:5s}: {unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s "
+                  f"({r['seconds']:.2f} s in the optimizer loop), loss {r['loss']:.5f}")
+    if "oom" not in res["ours"] and "oom" not in res["plain"]:
+        print(f"ours/plain: memory {res['ours']['peak_mb'] / res['plain']['peak_mb']:.2f}x, "
+              f"tokens/s {res['ours']['tokens_per_s'] / res['plain']['tokens_per_s']:.2f}x")
+    else:
+        print("ours/plain: no ratio (a variant ran out of memory)")
+
+
+if __name__ == "__main__":
+    main()

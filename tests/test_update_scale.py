@@ -1,0 +1,235 @@
+"""The update at long-response scale: chunked log-probs, token-budget micro-batches, ZeRO-3 built partitioned, the
+optimizer for offload, the lr per update."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from mars2.train import Sample, UpdateHParams, update_agent
+from mars2.train.engine import (chunked_token_logprobs, deepspeed_config, init_distributed, load_causal_lm,
+                                optimizer_class, pack_batch, padded_tokens, rank_micro_batches, step_groups,
+                                token_logprobs, update_lr)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_qwen3(vocab=97, tied=False):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                        max_position_embeddings=128, tie_word_embeddings=tied))
+
+
+def _random_batch(vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = lambda n: torch.randint(1, vocab, (n,), generator=g).tolist()  # noqa: E731
+    samples = [Sample(ids(p), ids(r), [-1.0] * r, a) for p, r, a in ((3, 9, 1.0), (5, 4, -0.5), (2, 12, 0.3))]
+    return pack_batch(samples, pad_id=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_equal_the_full_logits_path_in_values_and_gradients(tiny_model_dir, arch, temperature):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir) if arch == "qwen2" else _tiny_qwen3()
+    batch = _random_batch(model.config.vocab_size)
+    mask = batch["mask"]
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+
+    full = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
+    (full * mask * weights).sum().backward()
+    grads_full = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    chunked = chunked_token_logprobs(model, batch["input_ids"], batch["attention_mask"], mask,
+                                     temperature=temperature, chunk_tokens=5)  # 25 positions: 5 chunks
+    (chunked * mask * weights).sum().backward()
+
+    assert chunked.shape == full.shape == mask.shape
+    assert torch.allclose(chunked * mask, full * mask, atol=1e-5, rtol=0)
+    assert torch.all(chunked[mask == 0] == 0)
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, grads_full[n], atol=1e-5, rtol=1e-4), n
+    assert any(float(g.abs().max()) > 1e-4 for g in grads_full.values())
+
+
+# micro-batches by token budget
+
+LENGTHS = [900, 120, 130, 880, 400, 410, 125, 60, 950, 395, 70, 415, 100, 905]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("step_batch", [None, 7])
+def test_token_budget_micro_batches_keep_the_rank_invariants_and_the_budget(world, step_batch):
+    groups = step_groups(len(LENGTHS), step_batch, seed=0)
+    per_rank = [rank_micro_batches(groups, 1, world, r, lengths=LENGTHS, micro_batch_tokens=1000)
+                for r in range(world)]
+    assert len({len(m) for steps in per_rank for m in steps}) == 1  # one accumulation count, all steps and ranks
+    for s, group in enumerate(groups):
+        mine = [i for r in range(world) for m in per_rank[r][s] for i in m]
+        assert sorted(mine) == sorted(group)  # a partition of the step
+        assert all(m for r in range(world) for m in per_rank[r][s])
+    n_micro = len(per_rank[0][0])
+    smallest_shard = min(len(g) // world for g in groups)
+    over = [m for steps in per_rank for step in steps for m in step if padded_tokens(m, LENGTHS) > 1000]
+    assert all(len(m) == 1 for m in over) or n_micro == smallest_shard  # over budget only alone or when capped
+
+
+def test_token_budget_buckets_similar_lengths_and_pads_less_than_count_based():
+    groups = step_groups(len(LENGTHS), None, seed=0)
+    by_tokens = rank_micro_batches(groups, 4, lengths=LENGTHS, micro_batch_tokens=1900)[0]
+    by_count = rank_micro_batches(groups, 4)[0]
+    assert max(padded_tokens(m, LENGTHS) for m in by_tokens) <= 1900
+    assert sum(padded_tokens(m, LENGTHS) for m in by_tokens) < sum(padded_tokens(m, LENGTHS) for m in by_count)
+    longest_first = [max(LENGTHS[i] for i in m) for m in by_tokens]
+    assert longest_first == sorted(longest_first, reverse=True)
+    with pytest.raises(ValueError, match="lengths"):
+        rank_micro_batches(groups, 4, micro_batch_tokens=100)
+
+
+def _good_and_bad(tiny_tokenizer, tiny_model_dir):
+    tok = tiny_tokenizer
+    prompt = tok("<|user|>\nadd<|end|>\n<|assistant|>\n")["input_ids"]
+    answers = ["print(sum(map(int, input().split())))", "while True: pass", "print(1)", "x = input()\nprint(x)"]
+    ids = [tok(a)["input_ids"] for a in answers]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    samples = []
+    for j, r in enumerate(ids):
+        batch = pack_batch([Sample(prompt, r, [0.0] * len(r), 0.0)], tok.pad_token_id)
+        with torch.no_grad():
+            lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])[0][batch["mask"][0] == 1]
+        samples.append(Sample(prompt, r, lp.tolist(), [1.0, -1.0, 0.5, -0.5][j]))
+    return samples * 2
+
+
+ZERO0 = {"zero_optimization": {"stage": 0}}
+
+
+def test_gradient_is_the_mean_over_the_step_whatever_the_split(tiny_model_dir, tiny_tokenizer, tmp_path):
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
+                profile=ZERO0, pad_id=tiny_tokenizer.pad_token_id)
+    one = update_agent(out_dir=tmp_path / "one", hp=UpdateHParams(lr=1e-3, micro_batch=len(samples)), **args)
+    split = update_agent(out_dir=tmp_path / "split",
+                         hp=UpdateHParams(lr=1e-3, micro_batch_tokens=2 * max(len(s.prompt_ids) + len(s.response_ids)
+                                                                              for s in samples)), **args)
+    assert one["micro_batches"] == 1 and split["micro_batches"] >= 3
+    assert split["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    w1, w2 = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("one", "split"))
+    # Adam's first step is lr·g/(|g|+ε): tiny gradients amplify float noise, so weights agree to 1% of lr
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
+
+
+# optimizer, lr per update
+
+def test_optimizer_offload_selects_deepspeed_cpu_adam_and_the_profiles_say_so():
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    profiles = {p.stem: yaml.safe_load(p.read_text()) for p in (ROOT / "conf" / "deepspeed").glob("*.yaml")}
+    assert optimizer_class(profiles["zero3_bf16_offload"]) is DeepSpeedCPUAdam
+    for name in ("zero0_cpu", "zero2_bf16", "zero3_bf16"):
+        assert optimizer_class(profiles[name]) is torch.optim.AdamW
+    assert optimizer_class({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}) \
+        is torch.optim.AdamW
+
+
+def test_lr_follows_the_run_one_schedule_step_per_update():
+    hp = dict(lr=1e-6, min_lr=1e-7, warmup_ratio=0.1)
+    assert update_lr(UpdateHParams(cycle=0, cycles=10, **hp)) == pytest.approx(1e-6)  # warmup = ⌈0.1·10⌉ = 1 update
+    assert update_lr(UpdateHParams(cycle=1, cycles=10, **hp)) == pytest.approx(1e-6)  # cosine starts at lr
+    assert update_lr(UpdateHParams(cycle=5, cycles=10, **hp)) == pytest.approx(
+        1e-7 + 0.5 * 9e-7 * (1 + math.cos(math.pi * 4 / 9)))  # progress (5−1)/(10−1)
+    assert update_lr(UpdateHParams(cycle=0, cycles=10, lr=1e-6, min_lr=1e-7, warmup_ratio=0.3)) == pytest.approx(1e-6 / 3)
+    assert update_lr(UpdateHParams(cycle=2, cycles=10, lr=1e-6, min_lr=1e-7, warmup_ratio=0.3)) == pytest.approx(1e-6)
+
+
+def _max_change(a: Path, b: Path) -> float:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+def test_every_optimizer_step_of_an_update_uses_that_updates_lr_also_after_resume(tiny_model_dir, tiny_tokenizer,
+                                                                               tmp_path):
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    base = dict(lr=1e-3, min_lr=1e-4, warmup_ratio=0.3, micro_batch=4, cycles=10)
+    args = dict(ref_model_dir=str(tiny_model_dir), samples=samples, profile=ZERO0, pad_id=tiny_tokenizer.pad_token_id)
+    first = update_agent(model_dir=str(tiny_model_dir), prev_ds_dir=None, out_dir=tmp_path / "c0",
+                         hp=UpdateHParams(cycle=0, **base), **args)
+    assert first["lr"] == pytest.approx(1e-3 / 3)
+    # Adam's first step moves each weight by lr·m̂/(√v̂+ε) = lr·sign(g) (up to ε)
+    assert _max_change(tmp_path / "c0" / "model", Path(tiny_model_dir)) == pytest.approx(1e-3 / 3, rel=1e-3)
+    resumed = {}
+    for cycle in (3, 8):  # same checkpoint, same Adam state: the step scales with this update's lr alone
+        resumed[cycle] = update_agent(model_dir=str(tmp_path / "c0" / "model"), prev_ds_dir=str(tmp_path / "c0" / "ds"),
+                                      out_dir=tmp_path / f"c{cycle}", hp=UpdateHParams(cycle=cycle, **base), **args)
+        assert resumed[cycle]["update_step"] == 2
+    ratio = (_max_change(tmp_path / "c3" / "model", tmp_path / "c0" / "model")
+             / _max_change(tmp_path / "c8" / "model", tmp_path / "c0" / "model"))
+    assert ratio == pytest.approx(resumed[3]["lr"] / resumed[8]["lr"], rel=1e-3)
+    assert resumed[3]["lr"] > resumed[8]["lr"]
+
+
+# ZeRO-3 built partitioned, in one process (two ranks: tests/test_update.py)
+
+ZERO3 = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": False}, "gradient_checkpointing": True}
+
+
+def test_zero3_builds_the_model_partitioned_from_construction(tiny_model_dir):
+    init_distributed()
+    cfg = deepspeed_config(ZERO3, micro_batch=1, grad_accum=1, grad_clip=1.0)
+    model = load_causal_lm(str(tiny_model_dir), "float32", "cpu", cfg)
+    params = list(model.parameters())
+    assert all(hasattr(p, "ds_id") and p.numel() == 0 for p in params)  # placeholders; values live in ds_tensor
+    assert sum(p.ds_tensor.numel() for p in params) >= sum(p.ds_numel for p in params)
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    with deepspeed.zero.GatheredParameters(params):
+        assert all(torch.equal(p.data, reference[n]) for n, p in model.named_parameters())  # the checkpoint's values
+    plain = load_causal_lm(str(tiny_model_dir), "float32", "cpu", deepspeed_config(ZERO0, micro_batch=1,
+                                                                                     grad_accum=1, grad_clip=1.0))
+    assert all(not hasattr(p, "ds_id") for p in plain.parameters())
+
+
+@pytest.mark.slow
+def test_zero3_update_in_one_process_matches_zero0(tiny_model_dir, tiny_tokenizer, tmp_path):
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
+                pad_id=tiny_tokenizer.pad_token_id, hp=UpdateHParams(lr=1e-3, micro_batch=3, step_batch=4))
+    z0 = update_agent(out_dir=tmp_path / "z0", profile=ZERO0, **args)
+    z3 = update_agent(out_dir=tmp_path / "z3", profile=ZERO3, **args)
+    assert z3["optimizer_steps"] == z0["optimizer_steps"] == 2
+    assert z3["kl"] == pytest.approx(z0["kl"], rel=1e-4, abs=1e-9)
+    assert _max_change(tmp_path / "z3" / "model", tmp_path / "z0" / "model") < 1e-5
+    assert _max_change(tmp_path / "z3" / "model", Path(tiny_model_dir)) > 1e-4
+
+
+@pytest.mark.slow
+def test_zero3_bf16_offload_profile_updates_with_cpu_adam(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """The shipped offload profile as it is (builds DeepSpeedCPUAdam once: ~50 s of compilation on a fresh cache)."""
+    profile = yaml.safe_load((ROOT / "conf" / "deepspeed" / "zero3_bf16_offload.yaml").read_text())
+    profile["zero_optimization"]["offload_optimizer"]["pin_memory"] = False  # no pinned memory without a GPU
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    m = update_agent(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None,
+                     samples=samples, out_dir=tmp_path / "o", profile=profile, pad_id=tiny_tokenizer.pad_token_id,
+                     hp=UpdateHParams(lr=1e-2, micro_batch=4, dtype="bfloat16"))
+    assert m["optimizer_steps"] == 1 and math.isfinite(m["loss"])
+    assert _max_change(tmp_path / "o" / "model", Path(tiny_model_dir)) > 1e-3
+
+
+def test_gpu_update_bench_runs_at_its_tiny_shape_on_cpu(tmp_path):
+    out = subprocess.run([sys.executable, "bench/gpu_update.py", "--tiny"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ours/plain" in out.stdout
