@@ -325,8 +325,6 @@ class PlanConfig:
     prompt_tokens: int = 2048  # prompt length assumed for KV cache and activations (statement + parent code + feedback)
     activation_overhead: float = 1.25  # safety factor on the activation estimate (temporaries, fragmentation)
     reserved_gb: float = 4.0  # per GPU, outside the estimates: CUDA context, NCCL buffers, allocator slack
-    ref_model_sharded: bool = True  # the frozen reference model is sharded over the agent's GPUs under ZeRO-3
-    zero_init: bool = True  # ZeRO-3 models are built under deepspeed.zero.Init (DeepSpeed estimator's zero_init)
     ds_buffer_factor: float = 1.5  # DeepSpeed estimators' additional_buffer_factor (host-memory headroom)
 
 

@@ -226,3 +226,19 @@ def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
     message = [ln for ln in out.stderr.splitlines() if ln.startswith("mars2: plan refused")]
     assert len(message) == 1 and "cannot fit" in message[0] and "a GPU has 16 GB" in message[0]
     assert "DOES NOT FIT" in out.stdout
+
+
+def test_the_plan_is_the_update_the_engine_builds(no_models):
+    """ZeRO-3 under zero.Init, the reference scored first and freed, the vocabulary projection in chunks: a 32B agent's
+    update at the paper's 36K-token sequences fits an 80 GB GPU (its rollout needs TP 2 there)."""
+    cp = _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2")
+    a = cp.agents[0]
+    assert cp.fits and a.rollout.tp == 2 and a.rollout.replicas == 4
+    u = a.update
+    assert u.gpu_bytes == max(u.training_bytes, u.reference_phase_bytes) < 80 * GB
+    assert u.training_bytes == u.states.gpu_bytes + u.activation_bytes + u.reserved_bytes  # no reference beside it
+    # the chunked projection: a 4x longer chunk costs 4x the logits block, not the sequence x vocab tensor
+    chunked = _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2",
+                    "train.logprob_chunk_tokens=4096").agents[0].update.activation_bytes
+    assert 0 < chunked - u.activation_bytes <= 1.25 * 3 * 1024 * 151_936 * 20 + 1
+    assert not _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80").fits  # TP 1: 61 GB of weights per GPU

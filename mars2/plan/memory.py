@@ -79,23 +79,24 @@ def reference_model_bytes(params: int, dtype_bytes: int, *, ranks: int, sharded:
     return -(-params * dtype_bytes // ranks) if sharded else params * dtype_bytes
 
 
-def activation_bytes(*, micro_batch: int, seq_len: int, hidden: int, intermediate: int, layers: int, heads: int,
-                     kv_heads: int, head_dim: int, vocab: int, dtype_bytes: int, checkpointing: bool) -> int:
-    """Estimated peak activation memory of one forward+backward on one GPU (an estimate, not measured).
+def activation_bytes(*, tokens: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
+                     head_dim: int, vocab: int, dtype_bytes: int, checkpointing: bool, logprob_chunk: int) -> int:
+    """Estimated peak activation memory of one micro-batch of ``tokens`` (padded) tokens, forward + backward, on one
+    GPU (an estimate, not measured).
 
     Per token and layer a Llama/Qwen block keeps ≈ ``4h + 2·heads·hd + 2·kv·hd + 4·I`` values (norm inputs and
     outputs, q/k/v, attention output, gate/up/act/product of the SwiGLU MLP; flash/SDPA attention keeps no
     s×s scores). With gradient checkpointing only each layer's input (``h`` values) is kept, plus one layer
-    recomputed at a time. The logits cost ``V · (dtype + 4 + 4)`` bytes per token: the model's logits, the fp32
-    copy and the fp32 log-softmax of ``mars2.train.engine.token_logprobs``.
+    recomputed at a time. The vocabulary projection runs on ``logprob_chunk`` positions at a time under its own
+    checkpoint (``mars2.train.engine.chunked_token_logprobs``): ≈ 5 fp32 copies of a [chunk × V] block at its peak
+    (logits, the max-shifted copy, exp, log-softmax and its gradient; measured 4–5 on CPU, docs/training.md).
     """
-    tokens = micro_batch * seq_len
     per_layer = dtype_bytes * (4 * hidden + 2 * heads * head_dim + 2 * kv_heads * head_dim + 4 * intermediate)
     if checkpointing:
         body = tokens * (layers * hidden * dtype_bytes + per_layer)
     else:
         body = tokens * layers * per_layer
-    logits = tokens * vocab * (dtype_bytes + 4 + 4)
+    logits = min(tokens, logprob_chunk) * vocab * 4 * 5
     return body + logits
 
 

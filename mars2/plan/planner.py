@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig
+from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig, TrainConfig
 from mars2.plan.memory import (
     GB,
     ZERO_OPTIONS,
@@ -62,16 +62,28 @@ class DeepSpeedProfile:
 
 @dataclass
 class UpdateMemory:
-    """Per GPU during the policy update (host memory per node for ``cpu_bytes``)."""
+    """Per GPU during the policy update (host memory per node for ``cpu_bytes``).
+
+    The update runs in two phases that never share memory (``mars2.train.engine.update_agent``): the frozen reference
+    model scores every micro-batch and is freed, then the policy is built and trained. The peak is the larger."""
 
     states: ModelStates  # parameters, gradients, optimizer states (DeepSpeed's estimator or the ZeRO-0 formula)
-    reference_bytes: int  # frozen reference model
-    activation_bytes: int  # estimate × plan.activation_overhead
+    reference_bytes: int  # frozen reference model: partitioned like the policy under ZeRO-3, whole otherwise
+    activation_bytes: int  # estimate × plan.activation_overhead (training phase)
     reserved_bytes: int  # plan.reserved_gb
 
     @property
+    def training_bytes(self) -> int:
+        return self.states.gpu_bytes + self.activation_bytes + self.reserved_bytes
+
+    @property
+    def reference_phase_bytes(self) -> int:
+        """Reference weights plus a forward-only pass (at most the training activations)."""
+        return self.reference_bytes + self.activation_bytes + self.reserved_bytes
+
+    @property
     def gpu_bytes(self) -> int:
-        return self.states.gpu_bytes + self.reference_bytes + self.activation_bytes + self.reserved_bytes
+        return max(self.training_bytes, self.reference_phase_bytes)
 
     @property
     def cpu_bytes(self) -> int:
@@ -170,21 +182,24 @@ def _ranks_layout(n: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype_bytes: int, seq_len: int,
-                  micro_batch: int, p: PlanConfig, on_gpu: bool = True) -> UpdateMemory:
+                  train: TrainConfig, p: PlanConfig, on_gpu: bool = True) -> UpdateMemory:
+    """The update as ``update_agent`` builds it: ZeRO-3 models constructed partitioned (``zero.Init``), the reference
+    partitioned too; a micro-batch of ``train.micro_batch_tokens`` padded tokens (at least one whole sequence), else
+    ``train.micro_batch`` sequences; the vocabulary projection in ``train.logprob_chunk_tokens`` chunks."""
     per_node, nodes = _ranks_layout(n, p.gpus_per_node)
     if on_gpu:
         states = zero_model_states(profile.stage, shape.params, shape.largest_layer, gpus_per_node=per_node,
                                    nodes=nodes, offload_optimizer=profile.offload_optimizer,
-                                   offload_param=profile.offload_param, zero_init=p.zero_init,
+                                   offload_param=profile.offload_param, zero_init=True,
                                    buffer_factor=p.ds_buffer_factor)
     else:  # one CPU process: nothing is sharded, everything lives in host memory
         states = ModelStates(16 * shape.params, 16 * shape.params, "formula: 16·P in host memory (one CPU process)")
-    sharded = on_gpu and profile.stage == 3 and p.ref_model_sharded
-    ref = reference_model_bytes(shape.params, dtype_bytes, ranks=n, sharded=sharded)
-    act = activation_bytes(micro_batch=micro_batch, seq_len=seq_len, hidden=shape.hidden_size,
-                           intermediate=shape.intermediate_size, layers=shape.num_layers, heads=shape.num_heads,
-                           kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, vocab=shape.vocab_size,
-                           dtype_bytes=dtype_bytes, checkpointing=profile.gradient_checkpointing)
+    ref = reference_model_bytes(shape.params, dtype_bytes, ranks=n, sharded=on_gpu and profile.stage == 3)
+    tokens = max(train.micro_batch_tokens, seq_len) if train.micro_batch_tokens else train.micro_batch * seq_len
+    act = activation_bytes(tokens=tokens, hidden=shape.hidden_size, intermediate=shape.intermediate_size,
+                           layers=shape.num_layers, heads=shape.num_heads, kv_heads=shape.num_kv_heads,
+                           head_dim=shape.head_dim, vocab=shape.vocab_size, dtype_bytes=dtype_bytes,
+                           checkpointing=profile.gradient_checkpointing, logprob_chunk=train.logprob_chunk_tokens)
     reserved = int(p.reserved_gb * GB) if on_gpu else 0
     return UpdateMemory(states=states, reference_bytes=ref, activation_bytes=int(act * p.activation_overhead),
                         reserved_bytes=reserved)
@@ -232,7 +247,7 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
     if upd.gpu_bytes > gpu_bytes:
         reasons.append(
             f"the update needs {_gb(upd.gpu_bytes)} GB per GPU on {n} GPU(s) ({profile.label} model states "
-            f"{_gb(upd.states.gpu_bytes)} + reference {_gb(upd.reference_bytes)} + activations "
+            f"{_gb(upd.states.gpu_bytes)} (the reference, {_gb(upd.reference_bytes)}, runs before and is freed) + activations "
             f"{_gb(upd.activation_bytes)} + reserve {_gb(upd.reserved_bytes)}) but a GPU has {p.gpu_memory_gb:g} GB")
     if roll.backend == "vllm" and roll.kv is not None:
         kv = roll.kv
@@ -267,7 +282,7 @@ def _evaluate(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: D
               dtype_bytes: int, seq_len: int):
     on_gpu = member.device.startswith("cuda")
     upd = update_memory(shape, profile, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len,
-                        micro_batch=cfg.train.micro_batch, p=cfg.plan, on_gpu=on_gpu)
+                        train=cfg.train, p=cfg.plan, on_gpu=on_gpu)
     roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len)
     reasons, warnings = _check(shape, member, profile, upd, roll, cfg.plan, n)
     if on_gpu and upd.cpu_bytes > cfg.plan.cpu_memory_gb * GB:
@@ -339,7 +354,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
             for label, stage, opt, par in ZERO_OPTIONS:
                 zero_opts[label] = zero_model_states(stage, shape.params, shape.largest_layer, gpus_per_node=per_node,
                                                      nodes=nodes, offload_optimizer=opt, offload_param=par,
-                                                     zero_init=p.zero_init, buffer_factor=p.ds_buffer_factor).gpu_bytes
+                                                     zero_init=True, buffer_factor=p.ds_buffer_factor).gpu_bytes
         gmin = min_gpus(shape, m, cfg, profile, dtype_bytes=dtype_bytes, seq_len=seq_len) if on_gpu else None
         if on_gpu and reasons:
             reasons.append(f"with {profile.label} it needs at least {gmin} GPUs" if gmin is not None else

@@ -52,9 +52,9 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
         ok = u.gpu_bytes <= c.gpu_memory_gb * GB
         t.add_row("update/GPU", Text.from_markup(
             f"[{'green' if ok else 'red'}]{_gb(u.gpu_bytes)}[/] of {c.gpu_memory_gb:g} GB = model states "
-            f"{_gb(u.states.gpu_bytes)} [dim]({u.states.source})[/dim] + reference {_gb(u.reference_bytes)} + "
-            f"activations {_gb(u.activation_bytes)} [dim](estimate x{c.activation_overhead:g})[/dim] + reserve "
-            f"{_gb(u.reserved_bytes)}"))
+            f"{_gb(u.states.gpu_bytes)} [dim]({u.states.source})[/dim] + activations {_gb(u.activation_bytes)} "
+            f"[dim](estimate x{c.activation_overhead:g})[/dim] + reserve {_gb(u.reserved_bytes)}; the reference "
+            f"({_gb(u.reference_bytes)}) scores the batch first and is freed"))
         t.add_row("host/node", f"{_gb(u.cpu_bytes)} of {c.cpu_memory_gb:g} GB [dim](DeepSpeed's estimate)[/dim]")
     else:
         t.add_row("update (CPU)", f"{_gb(u.states.gpu_bytes + u.reference_bytes + u.activation_bytes)} host memory = "
