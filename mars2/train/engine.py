@@ -1,4 +1,4 @@
-"""One policy update of one agent through its own DeepSpeed engine (DESIGN.md §2.4).
+"""One policy update of one agent through its own DeepSpeed engine (docs/algorithm.md §13–§14).
 
 Each agent (or each set of shared weights, for homogeneous multi-role) owns a model, an AdamW optimizer whose lr
 follows a warmup+cosine schedule over the run's updates, a frozen reference model and a DeepSpeed checkpoint that
