@@ -38,7 +38,7 @@ CONFIG_NAME = "evaluate"
 
 
 def compose_eval(overrides: list[str]):
-    return compose_run(overrides, config_name=CONFIG_NAME)
+    return compose_run(overrides, config_name=CONFIG_NAME, check_fit=False)  # no update to fit
 
 
 def checkpoints_of(cfg) -> tuple[dict[str, str], dict[str, dict[str, str]]]:

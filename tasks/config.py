@@ -44,18 +44,33 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config",
-                **resolve_kwargs: Any) -> RunConfig:
+                check_fit: bool = True, **resolve_kwargs: Any) -> RunConfig:
     """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run
     (``config_name``: ``config`` for training, ``evaluate`` for flows/evaluate.py).
 
-    A run with agents on GPUs must also fit the cluster ``plan`` describes (:func:`mars2.plan.require_fit`, the
-    layout the trainer and engines really build): a preset the planner refuses stops here, before anything starts."""
+    With ``check_fit`` (training), a run with agents on GPUs must also fit the cluster ``plan`` describes
+    (:func:`mars2.plan.require_fit`, the layout the trainer and engines really build): a preset the planner refuses
+    stops here, before anything starts. An evaluation does no update, so it passes ``check_fit=False``."""
     run = resolve(load_cfg(overrides, config_name=config_name), **resolve_kwargs)
-    if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
-        from mars2.plan import plan, require_fit
-
-        require_fit(plan(run))
+    if check_fit and not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
+        check_plan(run)
     return run
+
+
+def check_plan(run: RunConfig) -> None:
+    """:func:`mars2.plan.require_fit` at a run's entry. A model whose config.json only the GPU workers have (a custom
+    model in ``orchestration=pools``) cannot be planned here: that run goes on, with a warning."""
+    import warnings
+
+    from mars2.plan import ModelConfigNotFound, plan, require_fit
+
+    try:
+        require_fit(plan(run))
+    except ModelConfigNotFound as e:
+        if run.orchestration.mode != "pools":
+            raise ConfigError(f"cannot plan the run: {e}") from None
+        warnings.warn(f"mars2: no resource plan at the flow's entry ({e}); the GPU workers check their own machines",
+                      stacklevel=2)
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:

@@ -41,7 +41,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
 
         from mars2.io import write_parquet
         from mars2.train import Sample, update_agent, update_hparams
-        from mars2.train.checkpoints import complete_model_folder, require_optimizer_state
+        from mars2.train.checkpoints import complete_model_folder, optimizer_state_in_use, require_optimizer_state
         from mars2.train.launch import launch_update
 
         current = weights.weights_of(owner)
@@ -52,7 +52,6 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
             return {"metrics": {"skipped": 1.0, "buffered": len(table)},
                     "weights": {owner: AgentWeights(model_dir=current.model_dir, tokenizer_dir=current.tokenizer_dir,
                                                     optimizer_dir=current.optimizer_dir, buffer="buffer.parquet")}}
-        require_optimizer_state(current.optimizer_dir)
         samples = [Sample(list(r.prompt_ids), list(r.response_ids), list(r.logprobs), float(r.advantage))
                    for r in table.itertuples()]
         hp = update_hparams(train, member.optimizer, cycle=cycle, dtype=member.dtype, temperature=temperature)
@@ -60,12 +59,14 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         pad_id = AutoTokenizer.from_pretrained(reference.tokenizer_dir, local_files_only=True).pad_token_id
         args = dict(model_dir=current.model_dir, ref_model_dir=reference.model_dir, prev_ds_dir=current.optimizer_dir,
                     samples=samples, profile=profile, hp=hp, pad_id=pad_id, device=member.device)
-        if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
-            check_processes(member)
-            metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
-            shutil.rmtree(out / "job")
-        else:
-            metrics = update_agent(out_dir=out, **args)
+        with optimizer_state_in_use(current.optimizer_dir):  # a sweep sharing the cache must not prune it now
+            require_optimizer_state(current.optimizer_dir)
+            if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
+                check_processes(member)
+                metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
+                shutil.rmtree(out / "job")
+            else:
+                metrics = update_agent(out_dir=out, **args)
         complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
         adv = table["advantage"]
         metrics.update(advantage_mean=float(adv.mean()), advantage_std=float(adv.std(ddof=0)),

@@ -94,3 +94,22 @@ def test_a_gpu_stage_on_a_worker_without_cuda_says_so(tmp_path, monkeypatch):
     gone = AgentConfig(name="a", model=str(tmp_path / "nope"), device="cuda")
     with pytest.raises(ConfigError, match=r"does not exist on stage update/a on this worker"):
         update_policy.fn(StageContext(root=str(tmp_path)), gone, TrainConfig(), {}, None, None, None, 0)
+
+
+def test_an_evaluation_is_not_refused_for_an_update_it_does_not_make(paper_data):
+    from flows.evaluate import compose_eval
+    from mars2.plan import PlanRefused
+
+    one_gpu = ["agents=single_8b", "orchestration=pools", "agents.members.0.gpus=1", *paper_data]
+    with pytest.raises(PlanRefused, match="the update needs"):
+        compose_run(one_gpu)  # training an 8B agent at 36K tokens on one GPU does not fit
+    assert compose_eval(one_gpu).agents.members[0].gpus == 1  # evaluating it on one GPU is allowed
+
+
+def test_a_bare_cuda_device_gets_an_index_for_set_device(monkeypatch):
+    from mars2.train.engine import rank_device
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rank_device("cuda", 1) == "cuda:0" and rank_device("cuda:3", 1) == "cuda:3"
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert rank_device("cuda", 4) == "cuda:2" and rank_device("cpu", 4) == "cpu"

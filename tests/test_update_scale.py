@@ -130,6 +130,44 @@ def test_gradient_is_the_mean_over_the_step_whatever_the_split(tiny_model_dir, t
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
 
 
+@pytest.mark.parametrize("loss", ["gspo", "grpo"])
+def test_token_means_and_the_kl_term_do_not_depend_on_the_split(tiny_model_dir, tiny_tokenizer, tmp_path, loss):
+    """With a reference that differs from the policy (a non-zero KL gradient) and responses of different lengths,
+    GRPO's token mean and the k3 term are taken over the whole step's tokens: one micro-batch and a token-budget
+    split give the same gradient."""
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    ref.save_pretrained(tmp_path / "ref")
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    samples[0] = Sample(samples[0].prompt_ids, samples[0].response_ids * 4, samples[0].rollout_logprobs * 4, 1.0)
+    args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tmp_path / "ref"), prev_ds_dir=None, samples=samples,
+                profile=ZERO0, pad_id=tiny_tokenizer.pad_token_id)
+    hp = dict(lr=1e-3, loss=loss, kl_coef=0.5)
+    one = update_agent(out_dir=tmp_path / "one", hp=UpdateHParams(micro_batch=len(samples), **hp), **args)
+    budget = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    split = update_agent(out_dir=tmp_path / "split", hp=UpdateHParams(micro_batch_tokens=budget, **hp), **args)
+    assert one["micro_batches"] == 1 and split["micro_batches"] >= 3 and one["kl"] > 0
+    assert split["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert (split["loss"], split["kl"]) == pytest.approx((one["loss"], one["kl"]), rel=1e-5)
+
+
+def test_samples_without_a_response_token_are_left_out(tiny_model_dir, tiny_tokenizer, tmp_path):
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    empty = [Sample(s.prompt_ids, [], [], s.advantage) for s in samples[:3]]
+    out = update_agent(out_dir=tmp_path / "u", model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir),
+                       prev_ds_dir=None, samples=empty + samples, profile=ZERO0, pad_id=tiny_tokenizer.pad_token_id,
+                       hp=UpdateHParams(lr=1e-3, micro_batch_tokens=8))  # the empty ones would share a micro-batch
+    assert out["n_samples"] == len(samples) and out["grad_norm"] > 0
+    with pytest.raises(ValueError, match="no.*response token|none of the 3 samples"):
+        update_agent(out_dir=tmp_path / "v", model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir),
+                     prev_ds_dir=None, samples=empty, profile=ZERO0, pad_id=tiny_tokenizer.pad_token_id,
+                     hp=UpdateHParams(lr=1e-3))
+
+
 # optimizer, lr per update
 
 def test_optimizer_offload_selects_deepspeed_cpu_adam_and_the_profiles_say_so():

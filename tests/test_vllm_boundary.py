@@ -15,6 +15,7 @@ from mars2.backends import SamplingParams
 from mars2.backends.vllm_backend import VLLMBackend, VLLMEngineArgs, build_request, generation_from_vllm
 
 FAKE_VLLM = '''
+import os
 from types import SimpleNamespace as NS
 
 class SamplingParams:
@@ -25,13 +26,15 @@ class SamplingParams:
 class LLM:
     def __init__(self, **kw):
         assert kw["logprobs_mode"] == "processed_logprobs" and kw["model"]
+        assert "data_parallel_size" not in kw  # offline vllm.LLM is one engine per process
     def generate(self, prompts, sp):
         outs = []
         for i, p in enumerate(prompts):
             comps = []
             for k in range(sp.kw["n"]):
                 ids = [10 + i, 20 + k, 2]
-                comps.append(NS(token_ids=ids, text=f"{p}->{k}", finish_reason="stop" if k == 0 else "length",
+                text = f"{p}->{k}@{os.environ.get('CUDA_VISIBLE_DEVICES')}"
+                comps.append(NS(token_ids=ids, text=text, finish_reason="stop" if k == 0 else "length",
                                 logprobs=[{t: NS(logprob=-0.5 * (j + 1)), 999: NS(logprob=-9.0)} for j, t in enumerate(ids)]))
             outs.append(NS(prompt_token_ids=[1, 2, 3 + i], outputs=comps))
         return outs
@@ -64,12 +67,32 @@ def test_worker_protocol_end_to_end_with_a_stand_in_engine(tmp_path, monkeypatch
     assert [len(g) for g in out] == [2, 2]
     assert out[1][0].response_ids == [11, 20, 2] and out[1][0].prompt_ids == [1, 2, 4]
     assert out[0][1].logprobs == [-0.5, -1.0, -1.5] and out[0][1].finish_reason == "length"
-    assert out[0][0].text == "p0->0"
+    assert out[0][0].text.startswith("p0->0@")
+
+
+def test_engine_replicas_run_as_one_worker_each_on_their_own_gpus(tmp_path, monkeypatch):
+    """data_parallel_size = 2 engines of TP 2 on the four GPUs this process sees: prompt i goes to replica i mod 2,
+    which sees only its two GPUs; the answers come back in prompt order."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    backend = VLLMBackend(VLLMEngineArgs(model=str(tmp_path), tensor_parallel_size=2, data_parallel_size=2),
+                          python=sys.executable)
+    out = backend.generate([f"p{i}" for i in range(5)], SamplingParams(n=1, max_new_tokens=3))
+    assert [g[0].text for g in out] == ["p0->0@4,5", "p1->0@6,7", "p2->0@4,5", "p3->0@6,7", "p4->0@4,5"]
+    one = VLLMBackend(VLLMEngineArgs(model=str(tmp_path), tensor_parallel_size=2, data_parallel_size=2),
+                      python=sys.executable).generate(["only"], SamplingParams())
+    assert one[0][0].text == "only->0@4,5"  # one prompt: one worker
+    from mars2.backends.vllm_backend import replica_devices
+
+    with pytest.raises(ValueError, match="need 4 GPUs"):
+        replica_devices(2, 2, "0,1")
 
 
 def test_worker_failure_is_reported_clearly(tmp_path):
     backend = VLLMBackend(VLLMEngineArgs(model="/nope"), python=sys.executable)
-    with pytest.raises(RuntimeError, match="vLLM worker failed"):
+    with pytest.raises(RuntimeError, match="vLLM worker 0 .* failed"):
         backend.generate(["x"], SamplingParams())
 
 
@@ -93,4 +116,4 @@ def test_the_backend_group_and_the_models_end_tokens_reach_the_engine(tmp_path):
     assert stops == [151645, 151643]
     req = build_request(["a"], SamplingParams(max_new_tokens=5), engine, stops)
     assert req["sampling"]["stop_token_ids"] == [151645, 151643]
-    assert req["engine"]["data_parallel_size"] == 4 and req["engine"]["enforce_eager"] is True
+    assert "data_parallel_size" not in req["engine"] and req["engine"]["enforce_eager"] is True

@@ -77,6 +77,25 @@ def test_older_optimizer_states_are_pruned_and_a_pruned_one_is_a_clear_error(tmp
         require_optimizer_state(str(tmp_path / "elsewhere" / "ds"))
 
 
+def test_a_state_another_run_is_resuming_from_is_not_pruned(tmp_path):
+    """A sweep sharing the cache: run B resumes from u0's state while run A prunes; A skips it, the next prune takes it."""
+    import subprocess
+    import sys
+
+    from mars2.train.checkpoints import optimizer_state_in_use
+
+    folders = []
+    for c in range(2):
+        (tmp_path / f"u{c}" / "ds").mkdir(parents=True)
+        folders.append(str(tmp_path / f"u{c}" / "ds"))
+    with optimizer_state_in_use(folders[0]):
+        other = subprocess.run([sys.executable, "-c", "import sys; from mars2.train.checkpoints import "
+                                "prune_optimizer_states as p; print(p(sys.argv[1:], keep=1))", *folders],
+                               capture_output=True, text=True, timeout=120)
+        assert other.stdout.strip() == "[]" and Path(folders[0]).exists(), other.stderr[-1000:]
+    assert prune_optimizer_states(folders, keep=1) == [folders[0]]
+
+
 @pytest.fixture(scope="module")
 def agents_record(tmp_path_factory):
     """The agents stage of one tiny agent on the toy data, run as Prefect would run it."""

@@ -12,6 +12,7 @@ reload = a new worker on the new folder). Log-probs are vLLM's *processed* log-p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -23,8 +24,10 @@ from mars2.backends.base import Generation, SamplingParams
 
 @dataclass(frozen=True)
 class VLLMEngineArgs:
-    """Keyword arguments of ``vllm.LLM`` (names as vLLM's ``EngineArgs``); ``data_parallel_size`` > 1 runs that many
-    engine replicas of ``tensor_parallel_size`` GPUs each."""
+    """Keyword arguments of ``vllm.LLM`` (names as vLLM's ``EngineArgs``), but ``data_parallel_size``: the number of
+    engine replicas of ``tensor_parallel_size`` GPUs each. Offline ``vllm.LLM`` runs one engine per process, so
+    :class:`VLLMBackend` starts one worker per replica on its own GPUs (``CUDA_VISIBLE_DEVICES``) and splits the
+    prompts between them; ``data_parallel_size`` never reaches ``vllm.LLM``."""
 
     model: str
     tensor_parallel_size: int = 1
@@ -54,8 +57,9 @@ def build_request(prompts: list[str], params: SamplingParams, engine: VLLMEngine
     ``stop_token_ids``: every end token the model's generation config lists (vLLM would otherwise stop at the
     tokenizer's EOS only when the model folder's generation config is not read)."""
     stops = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+    engine_args = {k: v for k, v in asdict(engine).items() if k != "data_parallel_size"}
     return {
-        "engine": asdict(engine),
+        "engine": engine_args,
         "sampling": {
             **stops,
             "n": params.n,
@@ -97,15 +101,45 @@ class VLLMBackend:
         self.stop_token_ids = stop_token_ids
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
+        """Prompt i goes to replica i mod R (R = ``data_parallel_size``, at most one per prompt); the R workers run at
+        once, each on its own ``tensor_parallel_size`` GPUs; the answers come back in prompt order."""
+        replicas = max(1, min(self.engine.data_parallel_size, len(prompts)))
+        devices = replica_devices(replicas, self.engine.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        shards = [list(range(r, len(prompts), replicas)) for r in range(replicas)]
+        out: list[list[Generation] | None] = [None] * len(prompts)
         with tempfile.TemporaryDirectory(prefix="mars2-vllm-") as tmp:
-            req, resp = Path(tmp) / "request.json", Path(tmp) / "response.jsonl"
-            req.write_text(json.dumps(build_request(prompts, params, self.engine, self.stop_token_ids)))
-            done = subprocess.run([self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)],
-                                  capture_output=True, text=True, timeout=self.timeout_s)
-            if done.returncode != 0:
-                raise RuntimeError(f"vLLM worker failed (exit {done.returncode}) with {self.python}: "
-                                   f"{done.stderr.strip()[-2000:]}")
-            lines = resp.read_text().splitlines()
-        if len(lines) != len(prompts):
-            raise RuntimeError(f"vLLM worker answered {len(lines)} of {len(prompts)} prompts")
-        return [parse_response_line(line) for line in lines]
+            workers = []
+            for r, shard in enumerate(shards):
+                req, resp = Path(tmp) / f"request{r}.json", Path(tmp) / f"response{r}.jsonl"
+                req.write_text(json.dumps(build_request([prompts[i] for i in shard], params, self.engine,
+                                                        self.stop_token_ids)))
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]}
+                workers.append((shard, resp, subprocess.Popen(
+                    [self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)], env=env,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+            for r, (shard, resp, proc) in enumerate(workers):
+                try:
+                    _, err = proc.communicate(timeout=self.timeout_s)
+                except subprocess.TimeoutExpired:
+                    for _, _, other in workers:
+                        other.kill()
+                    raise
+                if proc.returncode != 0:
+                    raise RuntimeError(f"vLLM worker {r} (GPUs {devices[r]}) failed (exit {proc.returncode}) with "
+                                       f"{self.python}: {err.strip()[-2000:]}")
+                lines = resp.read_text().splitlines()
+                if len(lines) != len(shard):
+                    raise RuntimeError(f"vLLM worker {r} answered {len(lines)} of {len(shard)} prompts")
+                for i, line in zip(shard, lines, strict=True):
+                    out[i] = parse_response_line(line)
+        return out  # type: ignore[return-value]
+
+
+def replica_devices(replicas: int, tp: int, visible: str | None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each engine replica: consecutive groups of ``tp`` of the GPUs this process sees
+    (its own ``CUDA_VISIBLE_DEVICES``, else 0, 1, ...)."""
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(replicas * tp)]
+    if len(ids) < replicas * tp:
+        raise ValueError(f"{replicas} vLLM engine(s) of {tp} GPU(s) need {replicas * tp} GPUs but "
+                         f"CUDA_VISIBLE_DEVICES={visible!r} shows {len(ids)}")
+    return [",".join(ids[r * tp : (r + 1) * tp]) for r in range(replicas)]

@@ -27,6 +27,11 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
 
 
+def _token_mean(x: torch.Tensor, mask: torch.Tensor, n_tokens: float | None) -> torch.Tensor:
+    """Σ x·mask / n_tokens (the step's response tokens), or the masked mean of this batch when None."""
+    return masked_mean(x, mask) if n_tokens is None else (x * mask).sum() / n_tokens
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(π‖π_ref) per token: exp(ref − logp) − (ref − logp) − 1, shape [B, T], ≥ 0."""
     d = ref_logp - logp
@@ -46,7 +51,8 @@ def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mas
 
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor, ref_logp: torch.Tensor | None,
               advantages: torch.Tensor, mask: torch.Tensor, *, clip_eps: float = 0.2, tis_threshold: float = 2.0,
-              tis_veto: float = 1e-4, kl_coef: float = 1e-3) -> LossOutput:
+              tis_veto: float = 1e-4, kl_coef: float = 1e-3, n_seqs: float | None = None,
+              n_tokens: float | None = None) -> LossOutput:
     """GSPO with truncated importance sampling and a k3 KL penalty.
 
     s_i = exp(mean_t[log π − log π_rollout])                   sequence ratio, [B]
@@ -54,6 +60,10 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Te
     L_pg = mean_i[ mean_t w_it · ℓ_i ]                           w from :func:`truncated_is_weights`
     L = L_pg + kl_coef · masked_mean(k3(π, π_ref))
     ``advantages``: [B]; the others [B, T].
+
+    ``n_seqs`` / ``n_tokens``: the denominators of the two means when this batch is one micro-batch of a larger
+    optimizer step (the step's sequences and response tokens): the sum over micro-batches is then the step's loss,
+    whatever the split. None: this batch's own counts.
     """
     mask = mask.to(logp.dtype)
     seq_log_ratio = masked_mean(logp - rollout_logp, mask, dim=1)
@@ -62,8 +72,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Te
     clipped = s.clamp(1 - clip_eps, 1 + clip_eps) * advantages
     per_seq = -torch.minimum(unclipped, clipped)
     w = truncated_is_weights(old_logp, rollout_logp, mask, tis_threshold, tis_veto)
-    pg = (masked_mean(w, mask, dim=1) * per_seq).mean()
-    kl = masked_mean(k3_kl(logp, ref_logp), mask) if ref_logp is not None else torch.zeros((), dtype=logp.dtype)
+    pg = (masked_mean(w, mask, dim=1) * per_seq).sum() / (n_seqs or len(per_seq))
+    kl = _token_mean(k3_kl(logp, ref_logp), mask, n_tokens) if ref_logp is not None else logp.new_zeros(())
     with torch.no_grad():
         clip_frac = ((s < 1 - clip_eps) | (s > 1 + clip_eps)).float().mean().item()
         vetoed = (w.sum(dim=1) == 0).float().mean().item()
@@ -71,17 +81,19 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Te
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, advantages: torch.Tensor,
-              mask: torch.Tensor, *, clip_eps: float = 0.2, kl_coef: float = 1e-3) -> LossOutput:
+              mask: torch.Tensor, *, clip_eps: float = 0.2, kl_coef: float = 1e-3,
+              n_tokens: float | None = None) -> LossOutput:
     """Vanilla GRPO token-level clipped surrogate (the baseline).
 
     r_bt = exp(log π − log π_old); ℓ_bt = −min(r Â_b, clip(r, 1−ε, 1+ε) Â_b); L = masked_mean(ℓ) + β·KL.
+    ``n_tokens``: the step's response tokens when this batch is one of its micro-batches (see :func:`gspo_loss`).
     """
     mask = mask.to(logp.dtype)
     r = torch.exp(logp - old_logp.detach())
     adv = advantages[:, None]
     per_tok = -torch.minimum(r * adv, r.clamp(1 - clip_eps, 1 + clip_eps) * adv)
-    pg = masked_mean(per_tok, mask)
-    kl = masked_mean(k3_kl(logp, ref_logp), mask) if ref_logp is not None else torch.zeros((), dtype=logp.dtype)
+    pg = _token_mean(per_tok, mask, n_tokens)
+    kl = _token_mean(k3_kl(logp, ref_logp), mask, n_tokens) if ref_logp is not None else logp.new_zeros(())
     with torch.no_grad():
         clip_frac = masked_mean(((r < 1 - clip_eps) | (r > 1 + clip_eps)).to(logp.dtype), mask).item()
     return LossOutput(pg + kl_coef * kl, pg.item(), kl.item(), clip_frac, 0.0)

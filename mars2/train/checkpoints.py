@@ -12,6 +12,8 @@ state fails saying so (:func:`require_optimizer_state`) instead of inside DeepSp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +25,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja",
                    "chat_template.json")
 GENERATION_CONFIG = "generation_config.json"
+IN_USE = ".optimizer_state.lock"  # beside ds/: shared-locked while an update resumes from it
 PRUNED = "PRUNED.json"  # in an update folder whose ds/ was deleted: which folder, and the keep setting
 
 
@@ -83,10 +86,40 @@ def prune_optimizer_states(optimizer_dirs: list[str | None], keep: int) -> list[
         path = Path(d)
         if not path.exists():
             continue
-        atomic_write_json(path.parent / PRUNED, {"optimizer_dir": path.name, "keep_optimizer_states": keep})
-        shutil.rmtree(path)
+        with _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
+            if not held:  # another run sharing this cache resumes from it right now: the next prune takes it
+                continue
+            atomic_write_json(path.parent / PRUNED, {"optimizer_dir": path.name, "keep_optimizer_states": keep})
+            shutil.rmtree(path)
         removed.append(d)
     return removed
+
+
+@contextlib.contextmanager
+def optimizer_state_in_use(optimizer_dir: str | None):
+    """Hold a shared lock on an optimizer state while an update resumes from it, so that a concurrent run sharing the
+    cache (a sweep) does not prune it mid-read (:func:`prune_optimizer_states` skips locked states). An advisory
+    ``flock``: it holds between processes on one host and on file systems that honour it."""
+    if optimizer_dir is None:
+        yield
+        return
+    with _lock(Path(optimizer_dir), fcntl.LOCK_SH):
+        yield
+
+
+@contextlib.contextmanager
+def _lock(optimizer_dir: Path, mode: int):
+    """``flock(mode)`` on the lock file beside ``optimizer_dir``; yields whether it was taken (LOCK_NB may fail)."""
+    with open(optimizer_dir.parent / IN_USE, "a") as f:
+        try:
+            fcntl.flock(f, mode)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def require_optimizer_state(optimizer_dir: str | None) -> None:

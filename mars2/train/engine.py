@@ -99,8 +99,9 @@ def init_distributed() -> tuple[int, int]:
 
 
 def rank_device(device: str, world: int) -> str:
-    """This rank's device: ``cuda`` becomes ``cuda:<LOCAL_RANK>`` when several processes share a node."""
-    if world > 1 and device.startswith("cuda"):
+    """This rank's device: a bare ``cuda`` (and any cuda device when several processes share a node) becomes
+    ``cuda:<LOCAL_RANK>``, the index ``torch.cuda.set_device`` needs; ``cuda:N`` alone and ``cpu`` stay."""
+    if device == "cuda" or (world > 1 and device.startswith("cuda")):
         return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     return device
 
@@ -398,6 +399,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
         torch.cuda.set_device(device)
     torch.manual_seed(hp.seed)
     out_dir = Path(out_dir)
+    samples = trainable_samples(samples)
     groups = step_groups(len(samples), hp.step_batch, hp.seed)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     steps = rank_micro_batches(groups, hp.micro_batch, world, rank, lengths=lengths,
@@ -432,11 +434,14 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     if len(steps) > 1:
         with torch.no_grad():
             old_logps = [logprobs(b) for b in batches]
-    keys = ("loss", "pg_loss", "kl", "clip_frac", "tis_vetoed")
-    totals = torch.zeros(len(keys), dtype=torch.float64)
+    summed, weighted = ("loss", "pg_loss", "kl"), ("clip_frac", "tis_vetoed")
+    totals = torch.zeros(len(summed) + len(weighted), dtype=torch.float64)
     grad_norm = None
     k = 0
     for micro, group in zip(steps, groups, strict=True):
+        # every micro-batch's means are taken over the whole step's sequences and response tokens (all ranks): the
+        # micro-batch losses then add up to the step's loss, so the gradient does not depend on the split
+        n_seqs, n_tokens = len(group), sum(len(samples[i].response_ids) for i in group)
         for i, idx in enumerate(micro):
             batch = batches[k]
             logp = logprobs(batch)
@@ -444,18 +449,17 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             if hp.loss == "gspo":
                 out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logps[k], batch["advantages"],
                                 batch["mask"], clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold,
-                                tis_veto=hp.tis_veto, kl_coef=hp.kl_coef)
+                                tis_veto=hp.tis_veto, kl_coef=hp.kl_coef, n_seqs=n_seqs, n_tokens=n_tokens)
             else:
                 out = grpo_loss(logp, old_logp, ref_logps[k], batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
-                                kl_coef=hp.kl_coef)
-            # DeepSpeed divides by the accumulation count and averages over ranks; weight each micro-batch by its
-            # share of the step's samples so the gradient is the mean over all of them, whatever the split
-            engine.backward(out.loss * (len(idx) * n_micro * world / len(group)))
-            if i == n_micro - 1:
-                grad_norm = _grad_norm(engine)
+                                kl_coef=hp.kl_coef, n_tokens=n_tokens)
+            engine.backward(out.loss * (n_micro * world))  # DeepSpeed divides by the accumulation count and ranks
+            full_norm = _full_grad_norm(engine) if i == n_micro - 1 else None
             engine.step()
-            totals += torch.tensor([float(out.loss.item() if key == "loss" else getattr(out, key)) for key in keys],
-                                   dtype=torch.float64) * len(idx)
+            if i == n_micro - 1:  # under ZeRO-2/3 DeepSpeed computes the norm during the boundary step
+                grad_norm = full_norm if full_norm is not None else _engine_grad_norm(engine)
+            totals += torch.tensor([out.loss.item(), out.pg_loss, out.kl,
+                                    out.clip_frac * len(idx), out.tis_vetoed * len(idx)], dtype=torch.float64)
             k += 1
     tokens = float(sum(lengths[i] for micro in steps for idx in micro for i in idx))
     totals = _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device, world)
@@ -465,7 +469,8 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     _save_hf(engine, out_dir / "model", profile, rank)
     if world > 1:
         dist.barrier()
-    means = {key: float(totals[j]) / len(samples) for j, key in enumerate(keys)}
+    means = {key: float(totals[j]) / len(steps) for j, key in enumerate(summed)}
+    means |= {key: float(totals[len(summed) + j]) / len(samples) for j, key in enumerate(weighted)}
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
     return {**means, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
             "optimizer_steps": float(len(steps)), "processes": float(world), "micro_batches": float(n_micro),
@@ -574,13 +579,27 @@ def step_batches(n: int, step_batch: int | None, micro_batch: int, seed: int) ->
     return rank_micro_batches(step_groups(n, step_batch, seed), micro_batch)
 
 
-def _grad_norm(engine) -> float | None:
-    """L2 norm of the accumulated gradient before clipping (full gradients exist only without ZeRO partitioning)."""
+def _full_grad_norm(engine) -> float | None:
+    """L2 norm of the accumulated gradient before clipping, when the full gradients exist (no ZeRO partitioning)."""
     grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
     if not grads:
-        norm = engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        return None
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+
+def _engine_grad_norm(engine) -> float | None:
+    """DeepSpeed's global gradient norm (before clipping) of the step it has just taken (ZeRO-2/3)."""
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def trainable_samples(samples: list[Sample]) -> list[Sample]:
+    """The samples with at least one response token: an empty response has no token to score (its log-probs would not
+    touch the graph, and a micro-batch of only such samples would have nothing to backpropagate)."""
+    kept = [s for s in samples if s.response_ids]
+    if not kept:
+        raise ValueError(f"none of the {len(samples)} samples has a response token: nothing to train on")
+    return kept
 
 
 def _save_hf(engine, path: Path, profile: dict[str, Any], rank: int) -> None:
