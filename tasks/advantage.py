@@ -23,7 +23,7 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
     (:func:`mars2.rl.tables.tree_advantages`: every tree scored as one group before routing)."""
 
     def produce(out: Path) -> dict:
-        from mars2.rl.tables import advantage_metrics, route, tree_advantages
+        from mars2.rl.tables import advantage_metrics, route, routed_metrics, tree_advantages
 
         scored = tree_advantages(
             pd.read_parquet(trees.path("trees.parquet"),
@@ -33,10 +33,9 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
             train, max_len=search.max_new_tokens)
         kept = scored[~scored["flat"]] if train.filter_flat_trees else scored
         metrics = advantage_metrics(scored, kept)
-        for owner, part in route(kept, {m.name: owner_of(m) for m in members}).items():
+        routed = route(kept, {m.name: owner_of(m) for m in members})
+        for owner, part in routed.items():
             write_parquet(out / "routed" / f"{owner}.parquet", part)
-            metrics[f"{owner}/n_samples"] = len(part)
-            metrics[f"{owner}/advantage_mean"] = float(part["advantage"].mean()) if len(part) else 0.0
-        return {"metrics": metrics}
+        return {"metrics": {**metrics, **routed_metrics(routed)}}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)

@@ -40,6 +40,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         from transformers import AutoTokenizer
 
         from mars2.io import write_parquet
+        from mars2.rl.tables import buffer_metrics
         from mars2.train import Sample, update_agent, update_hparams
         from mars2.train.checkpoints import complete_model_folder, optimizer_state_in_use, require_optimizer_state
         from mars2.train.launch import launch_update
@@ -68,10 +69,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
             else:
                 metrics = update_agent(out_dir=out, **args)
         complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
-        adv = table["advantage"]
-        metrics.update(advantage_mean=float(adv.mean()), advantage_std=float(adv.std(ddof=0)),
-                       advantage_abs_max=float(adv.abs().max()), carried_over=float(len(table) - len(new)))
-        return {"metrics": metrics,
+        return {"metrics": {**metrics, **buffer_metrics(table, len(new))},
                 "weights": {owner: AgentWeights(model_dir="model", tokenizer_dir=current.tokenizer_dir,
                                                 optimizer_dir="ds")}}
 

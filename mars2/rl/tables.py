@@ -58,3 +58,19 @@ def route(nodes: pd.DataFrame, owner_of: Mapping[str, str]) -> dict[str, pd.Data
     owners = nodes["agent"].map(owner_of)
     return {owner: nodes[owners == owner][ROUTED_COLUMNS].reset_index(drop=True)
             for owner in sorted(set(owner_of.values()))}
+
+
+def routed_metrics(routed: Mapping[str, pd.DataFrame]) -> dict[str, float]:
+    """Per owner: how many samples it was routed and their mean advantage (``<owner>/n_samples``, ``advantage_mean``)."""
+    out: dict[str, float] = {}
+    for owner, part in routed.items():
+        out[f"{owner}/n_samples"] = len(part)
+        out[f"{owner}/advantage_mean"] = float(part["advantage"].mean()) if len(part) else 0.0
+    return out
+
+
+def buffer_metrics(buffer: pd.DataFrame, n_new: int) -> dict[str, float]:
+    """The advantages an update trains on (its buffer: carried-over samples + the ``n_new`` routed this cycle)."""
+    adv = buffer["advantage"]
+    return {"advantage_mean": float(adv.mean()), "advantage_std": float(adv.std(ddof=0)),
+            "advantage_abs_max": float(adv.abs().max()), "carried_over": float(len(buffer) - n_new)}
