@@ -88,6 +88,15 @@ nice -n 15 "${COMPOSE_CLI[@]}" --env-file "$ENV_FILE" -p "$PROJECT" -f docker-co
     build >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
 t_build=$(( $(date +%s) - t0 ))
 
+# What the GPU image's /opt/vllm gets, minus vLLM: the project installed with --no-deps into a bare venv. Its
+# entry module must import there and fail only for want of vllm itself.
+vllm_check='python3 -m venv /tmp/vllm-env && /tmp/vllm-env/bin/pip install -q --no-deps --no-build-isolation -e /app \
+  && cd / && /tmp/vllm-env/bin/python -c "import mars2.backends.vllm_worker, mars2.backends.vllm_backend" \
+  && { /tmp/vllm-env/bin/python -m mars2.backends.vllm_worker /dev/null /tmp/out 2>&1 || true; }'
+out=$(docker run --rm --network none --entrypoint sh mars2:latest -c "$vllm_check" 2>&1) \
+    && grep -q "No module named 'vllm'" <<<"$out" || { log "vLLM venv check: $out"; exit 1; }
+log "project installs --no-deps into a bare venv; python -m mars2.backends.vllm_worker needs only vllm there"
+
 # ---------------------------------------------------------------- stack
 t0=$(date +%s)
 log "starting the stack"
