@@ -17,7 +17,7 @@ cd "$ROOT"
 PROJECT=${MARS2_SMOKE_PROJECT:-mars2smoke}
 FLOW_TIMEOUT_S=${MARS2_SMOKE_FLOW_TIMEOUT_S:-1500}
 OVERRIDES='["agents=tiny_cpu_single", "data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2",
- "search.max_nodes=2", "search.max_new_tokens=16", "eval.max_new_tokens=16", "train.train_batch=2",
+ "search.max_nodes=2", "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2",
  "train.micro_batch=4", "train.cycles=1", "grading.time_limit_s=2"]'
 
 if docker compose version >/dev/null 2>&1; then COMPOSE_CLI=(docker compose)
@@ -27,7 +27,8 @@ docker info >/dev/null 2>&1 || { echo "smoke: no Docker engine answers (start do
 
 WORK=$(mktemp -d /tmp/mars2-smoke.XXXXXX)
 ENV_FILE=$WORK/smoke.env
-compose() { "${COMPOSE_CLI[@]}" --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f docker/compose.hostnet.yml "$@"; }
+STACK=$WORK/stack.yml  # the resolved stack; until it is written, `down` has nothing to take down
+compose() { [ -f "$STACK" ] && "${COMPOSE_CLI[@]}" -p "$PROJECT" --project-directory "$ROOT" -f "$STACK" "$@"; }
 secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(18))'; }
 log() { echo "smoke: $*" >&2; }
 
@@ -42,6 +43,7 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # so that an interrupted run still takes the stack down
 
 for port in 5432 4200 5000 8080; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -80,20 +82,37 @@ MLFLOW_ADMIN_PASSWORD=$MLFLOW_PASS
 MLFLOW_FLASK_SECRET_KEY=$(secret)
 EOF
 for kv in "${bases[@]}" "${wheel_env[@]}"; do echo "$kv" >>"$ENV_FILE"; done
+# docker-compose.yml + docker/compose.hostnet.yml as Compose resolves them, minus `ports` (host networking
+# publishes nothing, and Compose v1 refuses port bindings next to network_mode: host; an override cannot remove them)
+"${COMPOSE_CLI[@]}" --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f docker/compose.hostnet.yml config \
+    | python3 -c '
+import re, sys
+skip = None
+for line in sys.stdin:
+    indent = len(line) - len(line.lstrip())
+    if skip is not None and line.strip() and (indent > skip or (indent == skip and line.lstrip().startswith("- "))):
+        continue
+    skip = None
+    if re.fullmatch(r"\s+ports:\s*", line):
+        skip = indent
+        continue
+    sys.stdout.write(line)
+' >"$STACK"
+grep -q "network_mode: host" "$STACK" && ! grep -q "ports:" "$STACK" || { log "could not resolve the stack: $STACK"; exit 1; }
 umask 022
 
 t0=$(date +%s)
 log "building the CPU image (${COMPOSE_CLI[*]} build)"
-nice -n 15 "${COMPOSE_CLI[@]}" --env-file "$ENV_FILE" -p "$PROJECT" -f docker-compose.yml -f docker/compose.hostnet.yml \
-    build >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
+nice -n 15 "${COMPOSE_CLI[@]}" -p "$PROJECT" --project-directory "$ROOT" -f "$STACK" build >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
 t_build=$(( $(date +%s) - t0 ))
 
-# What the GPU image's /opt/vllm gets, minus vLLM: the project installed with --no-deps into a bare venv. Its
-# entry module must import there and fail only for want of vllm itself.
-vllm_check='python3 -m venv /tmp/vllm-env && /tmp/vllm-env/bin/pip install -q --no-deps --no-build-isolation -e /app \
+# What the GPU image's /opt/vllm gets, minus vLLM: the project installed with --no-deps into a bare venv (the build
+# backend from PyPI, as in the Dockerfile's vLLM step). Its entry module must import there and fail only for want
+# of vllm itself.
+vllm_check='python3 -m venv /tmp/vllm-env && /tmp/vllm-env/bin/pip install -q --no-deps -e /app \
   && cd / && /tmp/vllm-env/bin/python -c "import mars2.backends.vllm_worker, mars2.backends.vllm_backend" \
   && { /tmp/vllm-env/bin/python -m mars2.backends.vllm_worker /dev/null /tmp/out 2>&1 || true; }'
-out=$(docker run --rm --network none --entrypoint sh mars2:latest -c "$vllm_check" 2>&1) \
+out=$(docker run --rm --network host --entrypoint sh mars2:latest -c "$vllm_check" 2>&1) \
     && grep -q "No module named 'vllm'" <<<"$out" || { log "vLLM venv check: $out"; exit 1; }
 log "project installs --no-deps into a bare venv; python -m mars2.backends.vllm_worker needs only vllm there"
 
