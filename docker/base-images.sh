@@ -5,7 +5,7 @@
 #   sudo bash docker/base-images.sh --rebuild  # builds all three again
 #
 # mars2-local/debian:bookworm   debootstrap --variant=minbase bookworm, imported with `docker import`
-# mars2-local/python:3.11       + Debian's python3 (3.11) and python3-venv: stands in for python:3.11-slim
+# mars2-local/python:3.11       + Debian's python3 (3.11), python3-venv, python3-dev: stands in for python:3.11-slim
 # mars2-local/postgres:15       + Debian's postgresql-15 and docker/base/postgres-entrypoint.sh: stands in for postgres:16
 #
 # Then `MARS2_PYTHON_IMAGE=mars2-local/python:3.11 MARS2_POSTGRES_IMAGE=mars2-local/postgres:15` (in .env or the
