@@ -81,7 +81,9 @@ def init_distributed() -> tuple[int, int]:
     """
     import torch.distributed as dist
 
-    launched = "WORLD_SIZE" in os.environ
+    # torchrun sets WORLD_SIZE > 1; a WORLD_SIZE=1 left in the environment by an earlier update in this process (and
+    # inherited by its children) must not send a lone process to bind MASTER_PORT, where a concurrent one may sit
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # DeepSpeed falls back to MPI discovery unless all of these are set; alone, nothing listens on MASTER_PORT
