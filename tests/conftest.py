@@ -9,9 +9,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):  # the project's packages, and flowenv.py
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
+from flowenv import flow_env, stop_server  # noqa: E402
 from tasks.runtime import configure_process  # noqa: E402
 
 configure_process()  # what every entry point does first (tests import stages without one)
@@ -27,6 +29,7 @@ def shared_prefect_home(tmp_path_factory):
     previous = os.environ.get("PREFECT_HOME")
     os.environ["PREFECT_HOME"] = str(home)
     yield home
+    stop_server()
     if previous is None:
         os.environ.pop("PREFECT_HOME", None)
     else:
@@ -69,14 +72,12 @@ def paper_data(monkeypatch) -> list[str]:
 
 @pytest.fixture
 def run_flow_cli(tmp_path):
-    """Run ``flows/<script> <overrides>`` in a fresh run folder (``tmp_path``), offline, with no tracking/API server
-    from the environment; returns the completed process."""
+    """Run ``flows/<script> <overrides>`` in a fresh run folder (``tmp_path``), offline, reporting to the tests'
+    Prefect server (``flowenv.py``); returns the completed process."""
     import subprocess
 
     def run(script: str, *overrides: str, timeout: int = 900):
-        env = {**os.environ, "MARS2_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        env.pop("PREFECT_API_URL", None)
+        env = flow_env(tmp_path)
         root = Path(__file__).resolve().parents[1]
         return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=root, env=env,
                               capture_output=True, text=True, timeout=timeout)

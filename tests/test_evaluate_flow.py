@@ -1,4 +1,4 @@
-"""flows/evaluate.py and flows/compare.py through the real CLI: embedded Prefect, SQLite MLflow, tiny agents.
+"""flows/evaluate.py and flows/compare.py through the real CLI: the tests' Prefect server, SQLite MLflow, tiny agents.
 
 One run folder for the module:
   A  toy benchmark, full evaluation (samples + per-agent and team trees, T+ off and on) → metrics, tables, plots;
@@ -10,7 +10,6 @@ One run folder for the module:
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from flowenv import flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_problems=24", "data.max_eval_problems=3", "eval.max_new_tokens=24", "grading.time_limit_s=2"]
@@ -27,10 +27,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(home: Path, script: str, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MARS2_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=ROOT, env=flow_env(home),
+                          capture_output=True,
                           text=True, timeout=600)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from flowenv import flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2", "search.max_nodes=4",
@@ -19,11 +20,8 @@ SMALL = ["data.n_problems=24", "data.max_train_problems=2", "data.max_eval_probl
 pytestmark = pytest.mark.slow
 
 
-def _env(home):
-    env = {**os.environ, "MARS2_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    return env
+def _env(home, *, embedded: bool = False):
+    return flow_env(home, embedded=embedded)
 
 
 def _manifests(home, stage):
@@ -72,7 +70,7 @@ def test_update_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_pa
 def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_path):
     """`kill <pid>` (or a scheduler's SIGTERM) must not leave the embedded Prefect server running without a parent."""
     proc = subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, "train.cycles=3"], cwd=ROOT,
-                            env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env(tmp_path, embedded=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         for line in proc.stdout:  # the server is up once a task has run

@@ -18,8 +18,12 @@ from mars2.sandbox import lcb_reference as lcb
 # programs whose verdict depends on LiveCodeBench's harness quirks (script mode passes them, LCB fails them)
 QUIRK_PROGRAMS = ("abc303_d", "abc315_b", "abc338_d", "abc344_b", "abc349_a", "abc359_b", "abc359_d", "abc365_b",
                   "abc368_f", "abc380_c", "abc382_c")
-# official failures that pass the public tests through an LCB-faithful grader (README / issue 3)
+# official failures that pass the public tests through an LCB-faithful grader
 LCB_FAITHFUL_FALSE_PASSES = 86
+# official passes near LiveCodeBench's 6 s limit run over it on a slower (or busier) machine: such a program may only
+# time out, must pass with this much more CPU time, and only this many may do so
+SLOW_MACHINE_TIME_FACTOR = 4
+SLOW_MACHINE_TIMEOUTS_ALLOWED = 3
 
 
 def _data_dir() -> Path | None:
@@ -57,14 +61,23 @@ def _jobs(problems, solutions):
 
 @pytest.mark.slow
 def test_o1_mini_official_verdicts_on_public_tests(lcb_v5):
-    """All 602 official passes pass; of the 277 official failures no more pass than through an LCB-faithful grader."""
+    """All 602 official passes pass; of the 277 official failures no more pass than through an LCB-faithful grader.
+
+    The official verdicts were timed on another machine: an official pass close to the 6 s limit may time out here
+    (abc328_e did on a busy CI runner), so a timeout is accepted only if the program passes with more CPU time.
+    """
     problems, solutions = lcb_v5
     verdicts = grade_many(_jobs(problems, solutions))
     official_pass = [(s, v) for s, v in zip(solutions, verdicts, strict=True) if s["official_pass"]]
     official_fail = [(s, v) for s, v in zip(solutions, verdicts, strict=True) if not s["official_pass"]]
     assert (len(official_pass), len(official_fail)) == (602, 277)
-    failures = [(s["question_id"], v.status, v.detail[:300]) for s, v in official_pass if not v.all_passed]
+    failures = [(s["question_id"], v.status, v.detail[:300]) for s, v in official_pass
+                if not v.all_passed and v.status != "TLE"]
     assert failures == []
+    timed_out = [s for s, v in official_pass if v.status == "TLE"]
+    assert len(timed_out) <= SLOW_MACHINE_TIMEOUTS_ALLOWED, [s["question_id"] for s in timed_out]
+    regraded = grade_many(_jobs(problems, timed_out), time_limit_s=6.0 * SLOW_MACHINE_TIME_FACTOR)
+    assert [(s["question_id"], v.status) for s, v in zip(timed_out, regraded, strict=True) if not v.all_passed] == []
     false_passes = sum(v.all_passed for _, v in official_fail)
     assert false_passes <= LCB_FAITHFUL_FALSE_PASSES
 
