@@ -115,11 +115,15 @@ def run_deployment(overrides: list[str], timeout_s: float) -> str:
     return run["id"]
 
 
-def mlflow_run_of(flow_run_id: str) -> dict:
+def mlflow_runs_of(flow_run_id: str) -> list[dict]:
     exp = mlflow("/api/2.0/mlflow/experiments/get-by-name?experiment_name=mars2")["experiment"]
-    found = mlflow("/api/2.0/mlflow/runs/search", {
+    return mlflow("/api/2.0/mlflow/runs/search", {
         "experiment_ids": [exp["experiment_id"]],
         "filter": f"tags.`prefect.flow_run_id` = '{flow_run_id}'"}).get("runs", [])
+
+
+def mlflow_run_of(flow_run_id: str) -> dict:
+    found = mlflow_runs_of(flow_run_id)
     if len(found) != 1:
         raise CheckFailed(f"{len(found)} MLflow runs tagged prefect.flow_run_id={flow_run_id}")
     return found[0]
@@ -146,9 +150,25 @@ def artefact(run: dict, path: str) -> bytes:
     return body
 
 
+def check_cached(flow_run_id: str) -> None:
+    """A second start of the same command: every Prefect task run is Cached, and MLflow got no new run (the first
+    start's run stands for it)."""
+    tasks = prefect("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
+    states = {t["name"]: t["state"]["name"] for t in tasks}
+    if not tasks or set(states.values()) != {"Cached"}:
+        raise CheckFailed(f"second start: Prefect task runs not all Cached: {states}")
+    found = mlflow_runs_of(flow_run_id)
+    if found:
+        raise CheckFailed(f"second start logged {len(found)} MLflow run(s); a fully cached re-run must log none")
+    print(f"no new mlflow run; prefect task runs: " + ", ".join(f"{n}={s}" for n, s in sorted(states.items())))
+
+
 def check_run(flow_run_id: str, expect: str) -> None:
     """MLflow has the run with params, metrics and artefacts; Prefect shows one completed task run per stage, and
-    every stage ``ran`` (first start) or came back ``cached`` (second start) — in both systems."""
+    every stage ``ran`` (first start) or came back ``cached`` (second start, :func:`check_cached`)."""
+    if expect == "cached":
+        check_cached(flow_run_id)
+        return
     run = mlflow_run_of(flow_run_id)
     info, data = run["info"], run["data"]
     params, metrics = data.get("params", []), data.get("metrics", [])

@@ -55,9 +55,9 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     """Evaluate the agents of ``overrides`` (Hydra overrides of ``conf/evaluate.yaml``); returns the run summary."""
     cfg = compose_eval(overrides or [])
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id))
-    run_id = tracking.start_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
-                                run_name=f"eval-{cfg.agents.preset}-{flow_run.name}", kind="evaluate")
-    report = RunReport(cfg, ctx, run_id, title="mars2 evaluation")
+    run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
+                            run_name=f"eval-{cfg.agents.preset}-{flow_run.name}", kind="evaluate")
+    report = RunReport(cfg, ctx, run, title="mars2 evaluation")
     stage = bound(cfg.paths.root)
     members = cfg.agents.members
     owners = [owner_of(m) for m in members if m.shares_weights_with is None]
@@ -65,7 +65,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     try:
         checkpoints, hashes = checkpoints_of(cfg)
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-        tracking.log_datasets(cfg, run_id, dataset)
+        run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
         if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)

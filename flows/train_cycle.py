@@ -46,10 +46,11 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
                                  "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at)
-    run_id = tracking.start_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
-                                run_name=f"{cfg.agents.preset}-{flow_run.name}")
-    tracking.log_params(cfg, run_id, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
-    report = RunReport(cfg, ctx, run_id)
+    # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
+    run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
+                            run_name=f"{cfg.agents.preset}-{flow_run.name}")
+    run.log_params(cfg, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
+    report = RunReport(cfg, ctx, run)
     stage = bound(cfg.paths.root, cfg.orchestration)  # where each stage runs: conf/orchestration/
     members = cfg.agents.members
     owners = {owner_of(m): m for m in members if m.shares_weights_with is None}
@@ -57,7 +58,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     eval_metrics: dict[str, float] = {}
     try:
         dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-        tracking.log_datasets(cfg, run_id, dataset)
+        run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
         agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
         if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
@@ -85,7 +86,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                                      cycle, label="eval")
                 eval_metrics = result.metrics
             report.cycle_done(cycle)
-        tracking.log_final_weights(cfg, run_id, {name: model_dir(w, name) for name, w in weights.items()})
+        final = {name: model_dir(w, name) for name, w in weights.items()}
+        run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
     except BaseException:
         report.finish("FAILED", eval_metrics)
         raise

@@ -22,6 +22,7 @@ from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, 
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
 from mars2.search.run import public_grader
+from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.weights import agent_runners
 
@@ -50,9 +51,13 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
-        samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners)
-        graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"), trees.assign(kind="tree")],
-                                                       ignore_index=True), {p.id: p for p in problems}, grading)
+        with stage_progress(f"eval c{cycle}", "programs") as advance:
+            samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners,
+                                                 lambda done, total: advance(done, total, phase="generate"))
+            graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"),
+                                                            trees.assign(kind="tree")], ignore_index=True),
+                                                 {p.id: p for p in problems}, grading,
+                                                 progress=lambda done, total: advance(done, total, "hidden tests"))
         public_only = sum(not p.hidden_tests for p in problems)
         graded = graded.merge(labels, on="problem_id", how="left")
         samples = graded[graded["kind"] == "samples"].drop(columns=["kind", "who", "tplus", "score"], errors="ignore")

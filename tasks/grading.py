@@ -10,6 +10,7 @@ from prefect import task
 from mars2.config import GradingConfig
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
+from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "grading"
@@ -25,7 +26,8 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
         from mars2.rl.reward import hidden_test_verdicts, verdict_metrics
 
         rows = pd.read_parquet(samples.path("trees.parquet"), columns=["problem_id", "node_id", "agent", "code"])
-        verdicts = hidden_test_verdicts(rows, problems_by_id(dataset, "train.parquet"), grading)
+        with stage_progress(f"grading c{cycle}", "programs") as advance:
+            verdicts = hidden_test_verdicts(rows, problems_by_id(dataset, "train.parquet"), grading, progress=advance)
         times = verdicts.attrs.pop("time_s")
         public_only = verdicts.attrs.pop("public_only")
         write_parquet(out / "verdicts.parquet", verdicts)

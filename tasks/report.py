@@ -15,13 +15,19 @@ from tasks import tracking
 from tasks.stage import StageContext, StageRecord
 
 
+def summary_console() -> Console:
+    """stderr; 120 columns where it is not a terminal (a log file, CI), not rich's 80, so the tables keep a row a line."""
+    console = Console(stderr=True)
+    return console if console.is_terminal else Console(stderr=True, width=120)
+
+
 @dataclass
 class RunReport:
     cfg: RunConfig
     ctx: StageContext
-    run_id: str
+    run: tracking.TrackedRun
     title: str = "mars2 train cycle"
-    console: Console = field(default_factory=lambda: Console(stderr=True))
+    console: Console = field(default_factory=lambda: summary_console())
     rows: list[dict] = field(default_factory=list)
 
     def done(self, record: StageRecord, cycle: int, label: str | None = None) -> StageRecord:
@@ -31,7 +37,9 @@ class RunReport:
         self.rows.append({"cycle": cycle, "stage": name, "status": "ran" if ran else "cached",
                           "seconds": record.seconds if ran else 0.0, "key": record.key[:16], "dir": record.dir,
                           "metrics": dict(record.metrics)})
-        tracking.log_stage(self.cfg, self.run_id, record, step=cycle, prefix=name)
+        if ran:
+            self.run.needed()
+        self.run.log(lambda run_id: tracking.log_stage(self.cfg, run_id, record, step=cycle, prefix=name))
         mark = "[green]✓ ran   [/]" if ran else "[cyan]↺ cached[/]"
         took = f"{record.seconds:7.1f}s" if ran else "       -"
         self.console.print(f"{mark} cycle {cycle} [bold]{name:<22}[/] {took}  {record.key[:12]}")
@@ -40,22 +48,28 @@ class RunReport:
     def cycle_done(self, cycle: int) -> None:
         """Log ``cycle_<c>/summary.json``: every stage of the cycle, ran or cached, with its metrics."""
         rows = [r for r in self.rows if r["cycle"] == cycle]
-        tracking.log_json(self.cfg, self.run_id, rows, f"cycle_{cycle}/summary.json")
+        self.run.log(lambda run_id: tracking.log_json(self.cfg, run_id, rows, f"cycle_{cycle}/summary.json"))
 
     def finish(self, status: str, eval_metrics: dict[str, float]) -> dict:
-        """Log the stage table, close the MLflow run, print the summary; returns it as a dict."""
-        table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
-        path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{self.run_id}.parquet", table)
-        tracking.log_table(self.cfg, self.run_id, path, "summary")
-        curves = self.eval_curves()
-        if curves is not None:
-            tracking.log_table(self.cfg, self.run_id, curves)
-        tracking.end_run(self.cfg, self.run_id, status)
-        self._print(table, status, eval_metrics)
-        return {"run_id": self.run_id, "status": status, "stages": self.rows, "eval": eval_metrics,
-                "tracking_uri": tracking.tracking_uri(self.cfg)}
+        """Log the stage table, close the MLflow run, print the summary; returns it as a dict.
 
-    def eval_curves(self) -> Path | None:
+        A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
+        table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
+        reused = self.run.reused if status == "FINISHED" else None
+        if reused is None:
+            run_id = self.run.needed()
+            path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{run_id}.parquet", table)
+            tracking.log_table(self.cfg, run_id, path, "summary")
+            curves = self.eval_curves(run_id)
+            if curves is not None:
+                tracking.log_table(self.cfg, run_id, curves)
+            tracking.end_run(self.cfg, run_id, status)
+        self._print(table, status, eval_metrics)
+        return {"run_id": reused or self.run.id, "status": status, "stages": self.rows, "eval": eval_metrics,
+                "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
+                "resumed": self.run.resumed}
+
+    def eval_curves(self, run_id: str) -> Path | None:
         """``eval_curves.png``: held-out Pass@1 per agent and the team's tree metrics, per cycle (None if no eval)."""
         from mars2.eval.report import plot_curves
 
@@ -64,7 +78,7 @@ class RunReport:
                   if name.count("/") == 1 and name.split("/")[1] in ("pass_at_1", "pass_at_1_mcts", "pass_at_n")]
         if not points:
             return None
-        folder = Path(self.cfg.paths.root) / "runs" / self.run_id
+        folder = Path(self.cfg.paths.root) / "runs" / run_id
         folder.mkdir(parents=True, exist_ok=True)
         return plot_curves(pd.DataFrame(points), folder / "eval_curves.png")
 
@@ -77,13 +91,52 @@ class RunReport:
                 out.add_row(stage, str((g["status"] == "ran").sum()), str((g["status"] == "cached").sum()),
                             f"{g['seconds'].sum():.1f}")
         self.console.print(out)
+        if any(r["stage"] in ("rollout", "eval") for r in self.rows):
+            self.console.print(cycle_table(self.rows))
         if eval_metrics:
             self.console.print(evaluation_table(eval_metrics))
         uri = tracking.tracking_uri(self.cfg)
-        self.console.print(f"MLflow run [bold]{self.run_id}[/] in experiment '{self.cfg.paths.experiment}' at {uri}")
+        if self.run.reused:
+            self.console.print("Every stage came from cache: nothing new to log, no new MLflow run.")
+            self.console.print(f"The run of this command is MLflow run [bold]{self.run.reused}[/] in experiment "
+                               f"'{self.cfg.paths.experiment}' at {uri}")
+        else:
+            resumed = " (resumed: the earlier attempt of this command failed)" if self.run.resumed else ""
+            self.console.print(f"MLflow run [bold]{self.run.id}[/]{resumed} in experiment "
+                               f"'{self.cfg.paths.experiment}' at {uri}")
         if uri.startswith("sqlite"):
             self.console.print(f"  view it: mlflow ui --backend-store-uri {uri}")
         self.console.print(f"  artefacts: {self.cfg.paths.root}/artifacts")
+
+
+def cycle_table(rows: list[dict]) -> Table:
+    """What each cycle did, ran or cached: trees and nodes built, the rollouts' pass rate on the hidden tests, the
+    share of flat trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the
+    team's held-out Pass@1 where the cycle was evaluated."""
+    owners = sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith("update/")})
+    out = Table(title="per cycle: rollouts' pass rate, flat trees, mean |Â|, each agent's update loss / KL, "
+                      "the team's held-out Pass@1")
+    for col in ("cycle", "trees", "nodes", "pass", "flat", "|Â|", *owners, "Pass@1"):
+        out.add_column(col, justify="right")
+
+    def pct(value) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    for cycle in sorted({r["cycle"] for r in rows}):
+        m = {r["stage"]: r["metrics"] for r in rows if r["cycle"] == cycle}
+        if "rollout" not in m and "eval" not in m:
+            continue
+        rollout, grading, advantage = m.get("rollout", {}), m.get("grading", {}), m.get("advantage", {})
+        updates = []
+        for o in owners:
+            u = m.get(f"update/{o}", {})
+            updates.append("buffered" if u.get("skipped") else
+                           f"{u['loss']:.2g} / {u['kl']:.1g}" if "loss" in u else "-")
+        adv = advantage.get("advantage_abs_mean")
+        out.add_row(str(cycle), str(int(rollout.get("n_problems", 0))), str(int(rollout.get("n_nodes", 0))),
+                    pct(grading.get("pass_rate")), pct(advantage.get("flat_tree_share")),
+                    "-" if adv is None else f"{adv:.3f}", *updates, pct(m.get("eval", {}).get("team/pass_at_1")))
+    return out
 
 
 def evaluation_table(metrics: dict[str, float]) -> Table:

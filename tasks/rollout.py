@@ -10,6 +10,7 @@ from prefect import task
 from mars2.config import AgentConfig, BackendConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
+from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 from tasks.weights import agent_runners
 
@@ -39,7 +40,8 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
                                   max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
-        nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(grading)))
+        with stage_progress(f"rollout c{cycle}", "nodes") as advance:
+            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(grading), advance))
         write_parquet(out / "trees.parquet", nodes)
         plot_trees(nodes, out / "trees.png")
         return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)}}

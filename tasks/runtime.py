@@ -31,6 +31,10 @@ def configure_process() -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "DO_NOT_TRACK": "1",
     }
+    if "PREFECT_LOGGING_LEVEL" not in os.environ:
+        # Prefect's own INFO lines (task/flow run states, the temporary server) stay off the console; they still reach
+        # the Prefect server (its UI). PREFECT_LOGGING_LEVEL=INFO, or this variable, brings them back.
+        defaults["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "WARNING"
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,8 @@ run in other threads). The embedded default is a SQLite store in the run folder;
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +44,18 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
     """
     from mlflow.entities import Param
 
-    uri = tracking_uri(cfg)
-    client = _client(uri)
-    exp = client.get_experiment_by_name(cfg.paths.experiment)
-    if exp is None:
-        location = (Path(cfg.paths.root).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
-        # a model-training experiment: MLflow's UI opens it on runs and charts, not on its GenAI (traces) view
-        exp_id = client.create_experiment(cfg.paths.experiment, artifact_location=location,
-                                          tags={EXPERIMENT_KIND: "custom_model_development"})
-    else:
-        exp_id = exp.experiment_id
+    client = _client(tracking_uri(cfg))
+    exp_id = experiment_id(cfg)
     tags = {"prefect.flow_run_id": flow_run_id, "mars2.agents": cfg.agents.preset,
             "mars2.paradigm": cfg.agents.paradigm, "mars2.kind": kind, **source_tags(),
-            "mlflow.note.content": describe(cfg, kind)}
+            "mlflow.note.content": describe(cfg, kind), CONFIG_TAG: config_fingerprint(config)}
     tags |= {f"mars2.{k}": str(v) for k, v in cfg.paths.tags.items()}
     parent_run_id = parent_run_id or cfg.paths.parent_run
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(exp_id, run_name=run_name, tags=tags)
-    params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items())]
+    # debug.* (an injected fault) is not part of the command: a resumed run must not carry the failed attempt's
+    params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items()) if not k.startswith("debug.")]
     for i in range(0, len(params), 100):
         client.log_batch(run.info.run_id, params=params[i : i + 100])
     client.log_text(run.info.run_id, config_yaml, "config.yaml")
@@ -68,6 +63,106 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"
+CONFIG_TAG = "mars2.config_hash"
+
+
+def experiment_id(cfg: RunConfig) -> str:
+    """The id of ``paths.experiment``, created on first use as a model-training experiment (MLflow's UI then opens it
+    on runs and charts, not on its GenAI traces view)."""
+    uri = tracking_uri(cfg)
+    client = _client(uri)
+    exp = client.get_experiment_by_name(cfg.paths.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    location = (Path(cfg.paths.root).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
+    return client.create_experiment(cfg.paths.experiment, artifact_location=location,
+                                    tags={EXPERIMENT_KIND: "custom_model_development"})
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """What makes two invocations "the same command": the resolved config without its ``debug`` section (a fault
+    injected on purpose, then the same command without it, is one run). sha256, 16 hex digits."""
+    import hashlib
+    import json
+
+    payload = json.dumps({k: v for k, v in config.items() if k != "debug"}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def latest_run_of(cfg: RunConfig, fingerprint: str, kind: str):
+    """The most recent MLflow run of this config and kind in the experiment, or None."""
+    client = _client(tracking_uri(cfg))
+    runs = client.search_runs([experiment_id(cfg)], max_results=1, order_by=["attributes.start_time DESC"],
+                              filter_string=f"tags.`{CONFIG_TAG}` = '{fingerprint}' and tags.`mars2.kind` = '{kind}'")
+    return runs[0] if runs else None
+
+
+@dataclass
+class TrackedRun:
+    """The flow run's MLflow run, so that re-running a command neither scatters nor duplicates runs:
+
+    - the latest earlier run of the same config failed (or was killed): that run is **resumed** — status back to
+      RUNNING, its params kept, the new attempt's stages logged into it;
+    - it finished: the new run is **created only when a stage actually runs** (:meth:`needed`); when every stage
+      came from cache nothing is logged and :attr:`id` stays the earlier run's (:attr:`reused`);
+    - otherwise (none, or one still running): a new run at once.
+
+    Every logging call goes through :meth:`log`, which runs it now or, while the run is deferred, when it is created.
+    """
+
+    create: Callable[[], str]
+    id: str | None = None
+    resumed: bool = False
+    previous: str | None = None
+    pending: list[Callable[[str], None]] = field(default_factory=list)
+
+    @property
+    def deferred(self) -> bool:
+        return self.id is None
+
+    @property
+    def reused(self) -> str | None:
+        """The earlier finished run a fully cached re-run stands for (None once this run logged anything)."""
+        return self.previous if self.deferred else None
+
+    def log(self, fn: Callable[[str], None]) -> None:
+        if self.id is None:
+            self.pending.append(fn)
+        else:
+            fn(self.id)
+
+    def log_params(self, cfg: RunConfig, params: dict[str, Any]) -> None:
+        """Params of a new run (a resumed run keeps the ones it has: MLflow refuses to change a param)."""
+        if not self.resumed:
+            self.log(lambda run_id: log_params(cfg, run_id, params))
+
+    def needed(self) -> str:
+        """Create the deferred run now and log what was waiting; returns its id."""
+        if self.id is None:
+            self.id = self.create()
+            pending, self.pending = self.pending, []
+            for fn in pending:
+                fn(self.id)
+        return self.id
+
+
+def open_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str,
+             kind: str = "train") -> TrackedRun:
+    """The :class:`TrackedRun` of this flow run (see there for resume / defer / create)."""
+    def create() -> str:
+        return start_run(cfg, config, config_yaml, flow_run_id=flow_run_id, run_name=run_name, kind=kind)
+
+    before = latest_run_of(cfg, config_fingerprint(config), kind)
+    status = before.info.status if before is not None else None
+    if status in ("FAILED", "KILLED"):
+        client = _client(tracking_uri(cfg))
+        client.update_run(before.info.run_id, status="RUNNING")
+        client.set_tag(before.info.run_id, "prefect.flow_run_id", flow_run_id)
+        client.set_tag(before.info.run_id, "mars2.resumed", str(int(before.data.tags.get("mars2.resumed", "0")) + 1))
+        return TrackedRun(create, id=before.info.run_id, resumed=True)
+    if status == "FINISHED":
+        return TrackedRun(create, previous=before.info.run_id)
+    return TrackedRun(create, id=create())
 
 
 def source_tags() -> dict[str, str]:

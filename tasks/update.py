@@ -10,6 +10,7 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
+from tasks.progress import stage_progress
 from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "update"
@@ -67,7 +68,8 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                 metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
                 shutil.rmtree(out / "job")
             else:
-                metrics = update_agent(out_dir=out, **args)
+                with stage_progress(f"update/{owner} c{cycle}", "samples") as advance:
+                    metrics = update_agent(out_dir=out, progress=advance, **args)
         complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
         return {"metrics": {**metrics, **buffer_metrics(table, len(new))},
                 "weights": {owner: AgentWeights(model_dir="model", tokenizer_dir=current.tokenizer_dir,

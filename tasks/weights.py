@@ -56,8 +56,9 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
+            # no bar per generate call: the stage shows one display for all its waves (tasks/progress.py)
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
-                                         batch_size=batch_size, engine=engine)
+                                         batch_size=batch_size, engine=engine, progress=False)
         backend, tok = loaded[owner]
         runners[m.name] = AgentRunner(backend=backend, tokenizer=tok, role_prompt=m.role_prompt,
                                       chat_kwargs=dict(m.chat_template_kwargs))

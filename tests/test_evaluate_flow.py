@@ -90,10 +90,13 @@ def test_full_evaluation_logs_stable_metrics_tables_and_plots(home, full):
     assert any(a.endswith(f"{run_id}/artifacts/cycle_0/evaluation/results.parquet") for a in artefacts)
     assert any(a.endswith(f"{run_id}/artifacts/cycle_0/evaluation/by_difficulty.png") for a in artefacts)
     assert "Pass@1(MCTS)" in r.stderr + r.stdout
+    runs = _sql(home, "select count(*) from runs")[0][0]
     again = _run(home, "evaluate.py", *SMALL, "eval.n_samples=2", "eval.ks=[1,2]", "eval.max_nodes=2")
     assert again.returncode == 0, again.stderr[-2000:]
-    stages = pd.read_parquet(home / "runs" / f"{_latest_run(home)}.parquet")
-    assert set(stages["status"]) == {"cached"}
+    assert "✓ ran" not in again.stderr and again.stderr.count("↺ cached") == 3  # data, agents, eval
+    # everything came from cache: no second MLflow run, and the console says which run this command's is
+    assert _sql(home, "select count(*) from runs")[0][0] == runs and _latest_run(home) == run_id
+    assert "no new MLflow run" in again.stderr and run_id in again.stderr
 
 
 def test_checkpoints_evaluate_the_given_weights(home, full):

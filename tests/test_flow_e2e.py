@@ -2,9 +2,10 @@
 
 One module-scoped sequence of runs in a fresh run folder:
   A  fault injected in grading → the run fails, finished stages are persisted;
-  B  same command without the fault → only grading and what depends on it run;
-  C  same again → nothing runs;
-  D  a finished stage's folder is deleted → that stage runs again, its dependents come back from cache.
+  B  same command without the fault → only grading and what depends on it run, into A's MLflow run (resumed);
+  C  same again → nothing runs, and no MLflow run is added;
+  D  a finished stage's folder is deleted → that stage runs again (a new MLflow run), its dependents come back
+     from cache.
 """
 
 import os
@@ -48,6 +49,10 @@ def _latest_run_id(home: Path) -> str:
     return _mlflow(home, "select run_uuid from runs order by start_time desc limit 1")[0][0]
 
 
+def _run_count(home: Path) -> int:
+    return _mlflow(home, "select count(*) from runs")[0][0]
+
+
 def _snapshot(home: Path, stages) -> dict[str, tuple[int, float]]:
     files = {}
     for stage in stages:
@@ -63,17 +68,21 @@ def runs(tmp_path_factory):
     home = tmp_path_factory.mktemp("mars2_home")
     a = _run(home, DATA_PARALLEL, "debug.fail_at=grading")
     run_a = _latest_run_id(home)
+    status_a = _mlflow(home, "select status from runs where run_uuid=?", run_a)[0][0]
     snap_a = _snapshot(home, UPSTREAM_OF_GRADING)
     b = _run(home, DATA_PARALLEL)
     run_b = _latest_run_id(home)
     snap_b = _snapshot(home, UPSTREAM_OF_GRADING)
+    count_b = _run_count(home)
     c = _run(home, DATA_PARALLEL)
     run_c = _latest_run_id(home)
+    count_c = _run_count(home)
     grading_dirs = sorted((home / "artifacts" / "grading").iterdir())
     shutil.rmtree(grading_dirs[0])
     d = _run(home, DATA_PARALLEL)
     run_d = _latest_run_id(home)
-    return dict(home=home, a=a, b=b, c=c, d=d, ids=(run_a, run_b, run_c, run_d), snaps=(snap_a, snap_b))
+    return dict(home=home, a=a, b=b, c=c, d=d, ids=(run_a, run_b, run_c, run_d), snaps=(snap_a, snap_b),
+                status_a=status_a, counts=(count_b, count_c, _run_count(home)))
 
 
 def test_injected_fault_fails_the_run_clearly(runs):
@@ -81,8 +90,20 @@ def test_injected_fault_fails_the_run_clearly(runs):
     assert a.returncode != 0
     assert "fault injected in stage 'grading'" in a.stderr
     assert "run the same command again" in a.stderr
-    status = _mlflow(runs["home"], "select status from runs where run_uuid=?", runs["ids"][0])[0][0]
-    assert status == "FAILED"
+    assert runs["status_a"] == "FAILED"
+
+
+def test_the_rerun_resumes_the_failed_mlflow_run_and_a_cached_rerun_adds_none(runs):
+    run_a, run_b, run_c, run_d = runs["ids"]
+    home = runs["home"]
+    assert run_b == run_a and "(resumed" in runs["b"].stderr  # one MLflow run for the failed attempt and its fix
+    assert _mlflow(home, "select status from runs where run_uuid=?", run_b)[0][0] == "FINISHED"
+    tags = dict(_mlflow(home, "select key, value from tags where run_uuid=?", run_b))
+    assert tags["mars2.resumed"] == "1" and len(tags["mars2.config_hash"]) == 16
+    count_b, count_c, count_d = runs["counts"]
+    assert count_b == 1 and count_c == 1 and run_c == run_b  # everything from cache: no second run
+    assert "no new MLflow run" in runs["c"].stderr and run_b in runs["c"].stderr  # and it says where the run is
+    assert count_d == 2 and run_d != run_b  # a stage ran again: that is a new run
 
 
 def test_rerun_executes_only_the_failed_stage_and_its_dependents(runs):
@@ -103,9 +124,9 @@ def test_finished_artefacts_are_not_rewritten(runs):
 
 def test_identical_rerun_executes_nothing(runs):
     assert runs["c"].returncode == 0, runs["c"].stderr[-3000:]
-    table = _stage_table(runs["home"], runs["ids"][2])
-    assert set(table["status"]) == {"cached"}
-    assert len(table) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
+    lines = [line for line in runs["c"].stderr.splitlines() if "✓ ran" in line or "↺ cached" in line]
+    assert all("↺ cached" in line for line in lines)
+    assert len(lines) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
 
 
 def test_deleted_artefacts_are_rebuilt_and_dependents_stay_cached(runs):
@@ -230,3 +251,14 @@ def test_only_each_agents_last_optimizer_state_is_kept(runs):
         assert (Path(last["dir"]) / "ds").is_dir() and not (Path(last["dir"]) / PRUNED).exists()
         assert older, f"{owner} stepped once only: nothing to prune"
         assert all(not (Path(m["dir"]) / "ds").exists() and (Path(m["dir"]) / PRUNED).exists() for m in older)
+
+
+def test_the_console_has_one_line_per_stage_and_no_prefect_chatter(runs):
+    """No bar per wave or batch, no Prefect INFO lines (PREFECT_LOGGING_LEVEL=INFO brings them back); the live
+    display of each stage draws only on a terminal."""
+    console = runs["b"].stdout + runs["b"].stderr
+    assert "generate:" not in console and "| INFO    |" not in console and "grading:" not in console
+    stage_lines = [line for line in console.splitlines() if "✓ ran" in line or "↺ cached" in line]
+    assert len(stage_lines) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
+    per_cycle = console[console.index("per cycle:"):].splitlines()
+    assert [line.split("│")[1].strip() for line in per_cycle if line.startswith("│")][:2] == ["0", "1"]

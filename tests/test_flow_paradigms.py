@@ -73,8 +73,8 @@ def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_p
                             env=_env(tmp_path, embedded=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        for line in proc.stdout:  # the server is up once a task has run
-            if "Task run 'data" in line:
+        for line in proc.stdout:  # the server is up once a stage has run
+            if "cycle 0 data" in line:
                 break
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 128 + signal.SIGTERM

@@ -483,8 +483,11 @@ def test_grade_many_preserves_order_across_verdicts():
     verdicts = grade_many(jobs, workers=2, time_limit_s=0.5, progress=True)
     assert [v.status for v in verdicts] == ["TLE", "AC", "WA", "RE", "NO_CODE", "CE", "AC", "NO_TESTS"]
     assert [v.total for v in verdicts] == [1, 3, 3, 1, 1, 1, 1, 0]
-    detailed = grade_many_detailed(jobs[:3], workers=2, time_limit_s=0.5, stop_at_first_failure=False)
+    told = []
+    detailed = grade_many_detailed(jobs[:3], workers=2, time_limit_s=0.5, stop_at_first_failure=False,
+                                   progress=lambda done, total: told.append((done, total)))
     assert [len(g.tests) for g in detailed] == [1, 3, 3]
+    assert told == [(1, 3), (2, 3), (3, 3)]  # a caller's display is told after each program
 
 
 def test_verdict_dict_round_trip():

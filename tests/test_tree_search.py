@@ -154,3 +154,26 @@ def test_grading_overlaps_generation_only_off_the_host_cpu(setup, host_cpu):
     grades = [(a, b) for kind, a, b in log if kind == "grade"]
     overlapping = sum(1 for g0, g1 in grades for s0, s1 in gens if g0 < s1 and s0 < g1)
     assert (overlapping == 0) if host_cpu else (overlapping > 0)
+
+
+def test_progress_counts_every_node_and_program_up_to_the_total(setup):
+    """One display per stage: the search and the evaluation tell their progress as (done, total), ending at total."""
+    from mars2.config import EvalConfig, SearchConfig
+    from mars2.eval.run import evaluation_rollouts
+
+    problems, agents, _, _, grade = setup
+    seen = []
+    rows = run_tree_search(problems, agents, policy=ABMCTSA(), max_nodes=3, grade=grade, seed=0,
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=3),
+                           progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(len(problems) * w, 3 * len(problems)) for w in (1, 2, 3)] and len(rows) == 3 * len(problems)
+
+    seen.clear()
+    evaluation = EvalConfig(n_samples=2, max_nodes=2, tree=True, tplus=[False], per_agent_trees=True,
+                            max_new_tokens=8)
+    samples, trees = evaluation_rollouts(problems[:2], evaluation, SearchConfig(), grade, agents,
+                                         progress=lambda done, total: seen.append((done, total)))
+    total = 2 * 2 * 2 + 2 * 2 * 3  # samples: 2 per agent per problem; trees: team, a, b of 2 nodes per problem
+    assert len(samples) + len(trees) == total
+    assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

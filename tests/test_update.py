@@ -61,9 +61,12 @@ def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_
     after = _logp_of(str(tmp_path / "c0" / "model"), samples[:2], tok.pad_token_id)
     assert after[0] > init_logp[0] and after[1] < init_logp[1]
 
+    told = []
     m2 = update_agent(model_dir=str(tmp_path / "c0" / "model"), ref_model_dir=str(tiny_model_dir),
                       prev_ds_dir=str(tmp_path / "c0" / "ds"), samples=samples, out_dir=tmp_path / "c1",
-                      profile=profile, hp=hp, pad_id=tok.pad_token_id)
+                      profile=profile, hp=hp, pad_id=tok.pad_token_id,
+                      progress=lambda done, total: told.append((done, total)))
+    assert told == [(4, 4)]  # one optimizer step on all four samples: the stage's display is told once
     assert m2["update_step"] == 2  # optimizer/scheduler state came back from the DeepSpeed checkpoint
     assert m2["kl"] > 0  # the policy has moved away from its frozen reference
     assert json.loads((tmp_path / "c1" / "model" / "config.json").read_text())["model_type"] == "qwen2"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -18,19 +18,29 @@ TEAM = "team"
 
 
 def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, search: SearchConfig, grade: GradeFn,
-                        runners: Mapping[str, AgentRunner]) -> tuple[pd.DataFrame, pd.DataFrame]:
+                        runners: Mapping[str, AgentRunner],
+                        progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The i.i.d. samples (``evaluation.n_samples`` per agent per problem) and the evaluation trees: the team's
     ``evaluation.max_nodes``-node AB-MCTS-A tree (and one per agent alone with ``per_agent_trees``), without and/or with
-    T+ (detailed feedback + depth-guided exploration). Public scores only: hidden grading comes after."""
+    T+ (detailed feedback + depth-guided exploration). Public scores only: hidden grading comes after.
+    ``progress`` is told ``(programs generated, programs in all)`` as samples and tree nodes come in."""
+    groups = {TEAM: runners}
+    if evaluation.per_agent_trees and len(runners) > 1:
+        groups |= {name: {name: r} for name, r in runners.items()}
+    n_samples = evaluation.n_samples * len(runners) * len(problems)
+    n_nodes = evaluation.max_nodes * len(problems) * len(groups) * len(evaluation.tplus) if evaluation.tree else 0
+    done = 0
+
+    def part(offset: int) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda d, _total: progress(offset + d, n_samples + n_nodes))
+
     params = SamplingParams(temperature=evaluation.temperature, max_new_tokens=evaluation.max_new_tokens,
                             seed=evaluation.seed)
     samples = pd.DataFrame(run_independent_sampling(problems, runners, n_samples=evaluation.n_samples,
-                                                    sampling=params, grade=grade))
+                                                    sampling=params, grade=grade, progress=part(0)))
+    done += len(samples)
     trees = []
     if evaluation.tree:
-        groups = {TEAM: runners}
-        if evaluation.per_agent_trees and len(runners) > 1:
-            groups |= {name: {name: r} for name, r in runners.items()}
         for tplus in evaluation.tplus:
             tree_search = dataclasses.replace(search, strategy="ab_mcts", max_nodes=evaluation.max_nodes,
                                               detailed_feedback=tplus, depth_decay=tplus,
@@ -38,7 +48,8 @@ def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, sea
             sampling = SamplingParams(temperature=evaluation.tree_temperature, top_p=search.top_p,
                                       max_new_tokens=evaluation.max_new_tokens, seed=evaluation.seed + 1)
             for who, group in groups.items():
-                nodes = pd.DataFrame(run_search(problems, group, tree_search, sampling, grade))
+                nodes = pd.DataFrame(run_search(problems, group, tree_search, sampling, grade, progress=part(done)))
+                done += len(nodes)
                 trees.append(nodes.assign(who=who, tplus=tplus))
     keep = ["problem_id", "node_id", "parent", "depth", "agent", "action", "code", "score", "public_status",
             "response_len", "who", "tplus"]

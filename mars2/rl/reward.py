@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pandas as pd
 
@@ -16,9 +16,10 @@ def correctness_reward(all_passed: bool) -> float:
 
 
 def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], grading: GradingConfig,
-                         *, progress: bool = True) -> pd.DataFrame:
+                         *, progress: bool | Callable[[int, int], None] = True) -> pd.DataFrame:
     """Grade the ``code`` column of ``rows`` (problem_id, code, ...) on each problem's hidden tests in the sandbox;
-    returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``.
+    returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``. ``progress``: a tqdm bar,
+    or a callable told ``(graded, total)``.
 
     A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests: their count is
     ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
@@ -43,10 +44,12 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
 
 
 def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem],
-                                grading: GradingConfig) -> pd.DataFrame:
+                                grading: GradingConfig, *,
+                                progress: bool | Callable[[int, int], None] = True) -> pd.DataFrame:
     """:func:`hidden_test_verdicts` where each distinct (problem, program) runs once; ``rows`` keep their columns."""
     keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
-    verdicts = hidden_test_verdicts(keys.assign(node_id=range(len(keys)), agent=""), problems, grading)
+    verdicts = hidden_test_verdicts(keys.assign(node_id=range(len(keys)), agent=""), problems, grading,
+                                    progress=progress)
     verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
     return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,14 +287,15 @@ def grade_many_detailed(
     workers: int | None = None,
     time_limit_s: float = 6.0,
     memory_mb: int = 1024,
-    progress: bool = False,
+    progress: bool | Callable[[int, int], None] = False,
     executor: SandboxPool | None = None,
     stop_at_first_failure: bool = True,
     parity: str = "script",
     isolation: str = "auto",
     isolate_tests: bool = False,
 ) -> list[Graded]:
-    """:func:`grade_many` with the per-test outcomes."""
+    """:func:`grade_many` with the per-test outcomes. ``progress``: True for a tqdm bar, or a callable told
+    ``(graded, total)`` after each program (a caller's own display)."""
     jobs = list(jobs)
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 1 (or 0/None for one per core), got {workers}")
@@ -307,10 +308,11 @@ def grade_many_detailed(
         validate_job(job, parity)
     results: list[Graded | None] = [None] * len(jobs)
     bar = None
-    if progress:
+    if progress is True:
         from tqdm import tqdm
 
         bar = tqdm(total=len(jobs), desc="grading", unit="prog")
+    report = progress if callable(progress) else None
     threads = min(pool.workers, max(1, len(jobs)))
     executor_threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mars2-grade")
     try:
@@ -324,6 +326,8 @@ def grade_many_detailed(
             results[futures[future]] = future.result()
             if bar is not None:
                 bar.update(1)
+            if report is not None:
+                report(sum(r is not None for r in results), len(jobs))
     except BaseException:
         executor_threads.shutdown(wait=True, cancel_futures=True)
         raise
@@ -348,7 +352,8 @@ def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
 
 
 def grade_programs(programs: Sequence[tuple[str | None, Sequence[TestCase], str | None]], grading, *,
-                   stop_at_first_failure: bool | None = None, progress: bool = False) -> list[Verdict]:
+                   stop_at_first_failure: bool | None = None,
+                   progress: bool | Callable[[int, int], None] = False) -> list[Verdict]:
     """``(code, tests, func_name)`` programs graded with the run's :class:`mars2.config.GradingConfig` (slots, limits,
     isolation, parity); HumanEval-style check tests are wrapped first (:func:`mars2.data.gradable`).
     ``stop_at_first_failure``: None = the config's (rewards); False = run every test (a public-test score)."""

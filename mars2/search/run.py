@@ -6,7 +6,7 @@ GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mars2.backends.base import SamplingParams
@@ -33,14 +33,18 @@ def search_policy(search: SearchConfig):
 
 
 def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
-               sampling: SamplingParams, grade: GradeFn) -> list[dict[str, Any]]:
+               sampling: SamplingParams, grade: GradeFn,
+               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem,
-    or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``)."""
+    or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``). ``progress`` is told
+    ``(nodes built, nodes in all)`` after each wave."""
     from mars2.search.sampling import run_independent_sampling
     from mars2.search.tree_search import run_tree_search
 
     if search.strategy == "independent":
-        return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade)
+        return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade,
+                                        progress=progress)
     return run_tree_search(problems, runners, policy=search_policy(search), max_nodes=search.max_nodes,
                            sampling=sampling, grade=grade, seed=sampling.seed,
-                           detailed_feedback=search.detailed_feedback, expansions_per_wave=search.expansions_per_wave)
+                           detailed_feedback=search.detailed_feedback, expansions_per_wave=search.expansions_per_wave,
+                           progress=progress)

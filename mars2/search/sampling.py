@@ -5,7 +5,7 @@ child of the root, so the same grading, advantage and update stages serve both s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mars2.backends.base import Generation, SamplingParams
@@ -16,8 +16,10 @@ from mars2.search.tree_search import AgentRunner, GradeFn, node_row
 
 
 def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, n_samples: int,
-                             sampling: SamplingParams, grade: GradeFn) -> list[dict[str, Any]]:
-    """``n_samples`` programs per (problem, agent), scored on the public tests like tree nodes."""
+                             sampling: SamplingParams, grade: GradeFn,
+                             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """``n_samples`` programs per (problem, agent), scored on the public tests like tree nodes; ``progress`` is told
+    ``(programs drawn, programs in all)`` after each agent's batch."""
     drawn: dict[str, list[tuple[str, str, Generation, str | None]]] = {p.id: [] for p in problems}
     for k, (name, agent) in enumerate(agents.items()):
         texts = [agent.chat(generate_prompt(p)) for p in problems]
@@ -26,6 +28,8 @@ def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, A
         outs = agent.backend.generate(texts, params)
         for p, text, gens in zip(problems, texts, outs, strict=True):
             drawn[p.id] += [(name, text, g, extract_code(g.text)) for g in gens]
+        if progress is not None:
+            progress((k + 1) * n_samples * len(problems), len(agents) * n_samples * len(problems))
     flat = [(p, i, d) for p in problems for i, d in enumerate(drawn[p.id])]
     verdicts = grade([(code, p.public_tests, p.func_name) for p, _, (_, _, _, code) in flat])
     return [node_row(p.id, i, parent=ROOT, depth=1, agent=name, parent_agent=None, wave=0, prompt=text, generation=g,

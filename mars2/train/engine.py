@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -378,9 +379,10 @@ def reference_logprobs(ref_model_dir: str, batches: list[dict[str, torch.Tensor]
 
 def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None, samples: list[Sample],
                  out_dir: str | Path, profile: dict[str, Any], hp: UpdateHParams, pad_id: int,
-                 device: str = "cpu") -> dict[str, float]:
+                 device: str = "cpu", progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Optimizer step(s) of one agent on its routed samples; writes ``out_dir/model`` (HF safetensors)
-    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer state). Returns metrics.
+    and ``out_dir/ds`` (DeepSpeed checkpoint with optimizer state). Returns metrics. ``progress`` is told
+    ``(samples trained, samples)`` after each optimizer step.
 
     ``hp.step_batch=None``: one step on all samples (π_old = the policy before the step). Otherwise the samples,
     in a seeded order, form ⌊n/step_batch⌋ near-equal batches and each takes one step; π_old is the policy
@@ -439,7 +441,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     summed, weighted = ("loss", "pg_loss", "kl"), ("clip_frac", "tis_vetoed")
     totals = torch.zeros(len(summed) + len(weighted), dtype=torch.float64)
     grad_norm = None
-    k = 0
+    k = trained = 0
     for micro, group in zip(steps, groups, strict=True):
         # every micro-batch's means are taken over the whole step's sequences and response tokens (all ranks): the
         # micro-batch losses then add up to the step's loss, so the gradient does not depend on the split
@@ -463,6 +465,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             totals += torch.tensor([out.loss.item(), out.pg_loss, out.kl,
                                     out.clip_frac * len(idx), out.tis_vetoed * len(idx)], dtype=torch.float64)
             k += 1
+        trained += len(group)
+        if progress is not None:
+            progress(trained, len(samples))
     tokens = float(sum(lengths[i] for micro in steps for idx in micro for i in idx))
     totals = _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device, world)
     seconds = time.perf_counter() - start
