@@ -7,6 +7,7 @@ run in other threads). The embedded default is a SQLite store in the run folder;
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,49 @@ def tracking_uri(cfg: RunConfig) -> str:
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("sqlite:///"):
+        seed_sqlite_store(Path(uri.removeprefix("sqlite:///")))
     return MlflowClient(tracking_uri=uri)
+
+
+def seed_sqlite_store(db: Path) -> None:
+    """Give a new run folder an empty MLflow database copied from a per-user template instead of letting MLflow
+    create one: creating it replays every schema migration (3.3 s on 2 cores, in each new run folder); the copy
+    takes milliseconds. The template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is
+    the schema this MLflow version expects; its ``Default`` experiment is pointed into the run folder."""
+    import shutil
+    import sqlite3
+    import tempfile
+
+    import mlflow
+
+    if db.exists():
+        return
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mars2"
+    template = cache / f"mlflow-{mlflow.__version__}.db"
+    if not template.exists():
+        from mlflow.tracking import MlflowClient
+
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            fresh = Path(tmp) / "template.db"
+            MlflowClient(tracking_uri=f"sqlite:///{fresh}").search_experiments()
+            os.replace(fresh, template)  # atomic: a concurrent run sees no template or a whole one
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=db.parent, prefix=f".{db.name}.", delete=False) as tmp:
+        part = Path(tmp.name)
+    shutil.copyfile(template, part)
+    part.chmod(0o644)
+    with sqlite3.connect(part) as con:
+        con.execute("update experiments set artifact_location = ? where experiment_id = 0",
+                    ((db.parent / "mlartifacts" / "0").as_uri(),))
+    con.close()
+    try:
+        os.link(part, db)  # never replaces: a database another process of this run folder created first stays
+    except FileExistsError:
+        pass
+    finally:
+        part.unlink()
 
 
 def client(cfg: RunConfig):

@@ -1,4 +1,4 @@
-"""The whole train cycle through the real CLI: embedded Prefect, SQLite MLflow, tiny CPU agents.
+"""The whole train cycle through the real CLI: embedded Prefect (the first run), SQLite MLflow, tiny CPU agents.
 
 One module-scoped sequence of runs in a fresh run folder:
   A  fault injected in grading → the run fails, finished stages are persisted;
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from flowenv import flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
@@ -28,12 +29,9 @@ DATA_PARALLEL = "agents.members.0.update_procs=2"  # qwen_tiny's updates run on 
 pytestmark = pytest.mark.slow
 
 
-def _run(home: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MARS2_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.run([sys.executable, "flows/train_cycle.py", *SMALL, *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+def _run(home: Path, *overrides: str, embedded: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "flows/train_cycle.py", *SMALL, *overrides], cwd=ROOT,
+                          env=flow_env(home, embedded=embedded), capture_output=True, text=True, timeout=600)
 
 
 def _stage_table(home: Path, run_id: str) -> pd.DataFrame:
@@ -66,7 +64,9 @@ def _snapshot(home: Path, stages) -> dict[str, tuple[int, float]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     home = tmp_path_factory.mktemp("mars2_home")
-    a = _run(home, DATA_PARALLEL, "debug.fail_at=grading")
+    # A as a user's first run (Prefect's temporary server); B-D report to the tests' server (where the Prefect
+    # server lives does not change what is cached: the cache is the run folder's)
+    a = _run(home, DATA_PARALLEL, "debug.fail_at=grading", embedded=True)
     run_a = _latest_run_id(home)
     status_a = _mlflow(home, "select status from runs where run_uuid=?", run_a)[0][0]
     snap_a = _snapshot(home, UPSTREAM_OF_GRADING)
@@ -262,3 +262,55 @@ def test_the_console_has_one_line_per_stage_and_no_prefect_chatter(runs):
     assert len(stage_lines) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
     per_cycle = console[console.index("per cycle:"):].splitlines()
     assert [line.split("│")[1].strip() for line in per_cycle if line.startswith("│")][:2] == ["0", "1"]
+
+
+def test_the_mlflow_ui_serves_the_run_its_datasets_curves_and_artefacts(runs):
+    """`mlflow ui` on the run folder's store (what the summary tells a user to start): everything through its REST
+    API, as the browser gets it."""
+    import contextlib
+    import json
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    home, run_id = runs["home"], runs["ids"][1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (home / "mlflow-ui.log").open("w")
+    ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+                           "--host", "127.0.0.1", "--port", str(port)], cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                          start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path: str):
+        with urllib.request.urlopen(base + path, timeout=10) as r:
+            body = r.read()
+        return json.loads(body) if path.startswith("/api/") else body.decode()
+
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert ui.poll() is None and time.time() < deadline, (home / "mlflow-ui.log").read_text()[-2000:]
+            with contextlib.suppress(OSError):
+                if get("/health") == "OK":
+                    break
+            time.sleep(0.5)
+        assert "<html" in get("/")
+        exp = get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=mars2")["experiment"]
+        assert {t["key"]: t["value"] for t in exp["tags"]}["mlflow.experimentKind"] == "custom_model_development"
+        run = get(f"/api/2.0/mlflow/runs/get?run_id={run_id}")["run"]
+        assert run["info"]["status"] == "FINISHED"
+        assert sorted(d["dataset"]["name"] for d in run["inputs"]["dataset_inputs"]) == ["toy-eval", "toy-train"]
+        tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+        assert tags["mlflow.source.name"] == "train_cycle.py" and "mlflow.note.content" in tags
+        history = get(f"/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=eval/team/pass_at_1")
+        assert sorted({m["step"] for m in history["metrics"]}) == [0, 1]  # one point per cycle: a curve
+        files = {f["path"] for f in get(f"/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=cycle_1/rollout")["files"]}
+        assert {"cycle_1/rollout/trees.png"} <= files
+        assert "agents:" in get(f"/get-artifact?path=config.yaml&run_uuid={run_id}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(30)
