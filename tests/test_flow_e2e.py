@@ -280,7 +280,8 @@ def test_the_mlflow_ui_serves_the_run_its_datasets_curves_and_artefacts(runs):
         port = s.getsockname()[1]
     log = (home / "mlflow-ui.log").open("w")
     ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-                           "--host", "127.0.0.1", "--port", str(port)], cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=home, stdout=log,
+                          stderr=subprocess.STDOUT,
                           start_new_session=True)
     base = f"http://127.0.0.1:{port}"
 
