@@ -104,8 +104,14 @@ class RunReport:
             resumed = " (resumed: the earlier attempt of this command failed)" if self.run.resumed else ""
             self.console.print(f"MLflow run [bold]{self.run.id}[/]{resumed} in experiment "
                                f"'{self.cfg.paths.experiment}' at {uri}")
+        # MLflow 3's UI opens in its GenAI view unless the URL asks for the model-training one
+        page = f"#/experiments/{tracking.experiment_id(self.cfg)}/runs/{self.run.reused or self.run.id}" \
+               "?workflowType=machine_learning"
         if uri.startswith("sqlite"):
             self.console.print(f"  view it: mlflow ui --backend-store-uri {uri}")
+            self.console.print(f"  then open http://127.0.0.1:5000/{page}")
+        elif uri.startswith("http"):
+            self.console.print(f"  view it: {uri.rstrip('/')}/{page}")
         self.console.print(f"  artefacts: {self.cfg.paths.root}/artifacts")
 
 

@@ -139,6 +139,7 @@ def test_deleted_artefacts_are_rebuilt_and_dependents_stay_cached(runs):
 def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     home, run_id = runs["home"], runs["ids"][1]
     assert "MLflow run" in runs["b"].stderr and "mlflow ui --backend-store-uri" in runs["b"].stderr
+    assert f"/runs/{run_id}?workflowType=machine_learning" in runs["b"].stderr  # the model-training view
     params = dict(_mlflow(home, "select key, value from params where run_uuid=?", run_id))
     assert params["train.cycles"] == "2" and params["agents.members.0.name"] == "qwen_tiny"
     assert params["sandbox.isolation"] in ("bwrap", "process") and params["grading.parity"] == "script"
