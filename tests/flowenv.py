@@ -25,7 +25,8 @@ import httpx
 _server: dict = {}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -38,7 +39,7 @@ def prefect_api_url() -> str:
         return _server["url"]
     home = Path(os.environ["PREFECT_HOME"]).with_name("prefect-test-server")
     home.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     env.pop("PREFECT_API_URL", None)

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import httpx
 import pandas as pd
 import pytest
 import yaml
+from flowenv import free_port
 
 from mars2.config import ConfigError, OrchestrationConfig
 from tasks.stage import AgentWeights, StageContext, StageRecord, stage_digest
@@ -235,12 +235,6 @@ def test_pools_mode_without_a_server_fails_fast_on_the_cli(tmp_path):
 
 # ---------------------------------------------------------------- a real server and workers (slow)
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(procs: list[subprocess.Popen]) -> None:
     """Interrupt processes we started and their process groups (a worker's flow-run children) together; kill the
     ones still there after 15 s."""
@@ -264,7 +258,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def stack(tmp_path_factory):
     """prefect server (SQLite) + deployments + process workers on pools cpu and gpu; stopped afterwards."""
     tmp = tmp_path_factory.mktemp("stack")
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     base = _env(tmp, PREFECT_HOME=str(tmp / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
     client_env = {**base, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1"}

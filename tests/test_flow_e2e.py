@@ -271,14 +271,13 @@ def test_the_mlflow_ui_serves_the_run_its_datasets_curves_and_artefacts(runs):
     import contextlib
     import json
     import signal
-    import socket
     import time
     import urllib.request
 
+    from flowenv import free_port
+
     home, run_id = runs["home"], runs["ids"][1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = (home / "mlflow-ui.log").open("w")
     ui = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], cwd=home, stdout=log,

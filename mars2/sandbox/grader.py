@@ -313,6 +313,7 @@ def grade_many_detailed(
 
         bar = tqdm(total=len(jobs), desc="grading", unit="prog")
     report = progress if callable(progress) else None
+    graded = 0
     threads = min(pool.workers, max(1, len(jobs)))
     executor_threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mars2-grade")
     try:
@@ -324,10 +325,11 @@ def grade_many_detailed(
         }
         for future in as_completed(futures):
             results[futures[future]] = future.result()
+            graded += 1
             if bar is not None:
                 bar.update(1)
             if report is not None:
-                report(sum(r is not None for r in results), len(jobs))
+                report(graded, len(jobs))
     except BaseException:
         executor_threads.shutdown(wait=True, cancel_futures=True)
         raise
