@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tasks.runtime import configure_process
 
-configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tasks.runtime import configure_process
 
-configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
 from omegaconf import DictConfig
 from prefect import flow, get_run_logger
@@ -64,6 +64,9 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
             agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
         weights = {name: agents for name in owners}
         optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
+        if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
+            report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
+                                       dataset, -1, cfg.data.max_eval_problems), -1, label="eval")
 
         for cycle in range(cfg.train.cycles):
             trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents,

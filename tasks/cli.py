@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from collections.abc import Callable
 
 from mars2.config import ConfigError
+from tasks import runtime
 
 
 def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list[str]], object], what: str) -> None:
@@ -23,14 +25,29 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         check(overrides)
     except ConfigError as e:
         sys.exit(f"mars2: {getattr(e, 'label', 'config error')}: {e}")
-    # SIGTERM (a scheduler, `kill`) exits through Python's unwinding, so Prefect stops the temporary server it
-    # started; the default handler would leave that server running with no parent
+    # SIGTERM (a scheduler, `kill`) exits through Python's unwinding, so the temporary server is stopped; the default
+    # handler would leave it running with no parent
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        flow(overrides)
+        with _temporary_server():
+            flow(overrides)
     except Exception as e:
         sys.exit(f"mars2: the {what} failed: {type(e).__name__}: {e}\n"
                  "Fix the cause and run the same command again: finished stages come back from cache.")
+
+
+@contextlib.contextmanager
+def _temporary_server():
+    """Point Prefect at the temporary server started at the process's first line, if there is one; a Prefect with
+    no server configured and none started here starts its own, as usual."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = runtime.temporary_server_url()
+    if url is None:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
 
 
 def _exit_on_sigterm(signum: int, _frame) -> None:

@@ -22,6 +22,25 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
+def register_roster_presets(path: Path = CONF_DIR / "roster" / "tiny_warm.yaml") -> list[str]:
+    """Register each preset of a roster file as ``agents=<name>``, its members copied from the roster's agent blocks.
+
+    A roster defines every agent block once for the presets that share it (Hydra cannot interpolate a block into a
+    typed list element); a preset registered here is a whole experiment like the real-model ones: it also selects
+    ``data=<roster data>``, and command-line overrides (``data=toy``, ``agents.members.0.optimizer.lr=...``) still win.
+    """
+    roster = OmegaConf.load(path)
+    for name, preset in roster.presets.items():
+        node = {"defaults": [{"override /data": roster.data}, "_self_"],
+                "agents": {"preset": name, "paradigm": preset.paradigm,
+                           "members": [roster.agents[member] for member in preset.members]}}
+        ConfigStore.instance().store(group="agents", name=name, node=node, package="_global_")
+    return list(roster.presets)
+
+
+ROSTER_PRESETS = register_roster_presets()
+
+
 def deepspeed_profiles(conf_dir: Path = CONF_DIR) -> dict[str, Any]:
     """Every DeepSpeed profile in ``conf/deepspeed/``, by file stem."""
     return {p.stem: OmegaConf.to_container(OmegaConf.load(p)) for p in sorted((conf_dir / "deepspeed").glob("*.yaml"))}

@@ -39,10 +39,12 @@ class RunReport:
                           "metrics": dict(record.metrics)})
         if ran:
             self.run.needed()
-        self.run.log(lambda run_id: tracking.log_stage(self.cfg, run_id, record, step=cycle, prefix=name))
+        if ran or not self.run.has_stage(self.cfg, name, cycle):
+            self.run.log(lambda run_id: tracking.log_stage(self.cfg, run_id, record, step=cycle, prefix=name))
         mark = "[green]✓ ran   [/]" if ran else "[cyan]↺ cached[/]"
         took = f"{record.seconds:7.1f}s" if ran else "       -"
-        self.console.print(f"{mark} cycle {cycle} [bold]{name:<22}[/] {took}  {record.key[:12]}")
+        when = f"cycle {cycle}" if cycle >= 0 else "before "
+        self.console.print(f"{mark} {when} [bold]{name:<22}[/] {took}  {record.key[:12]}")
         return record
 
     def cycle_done(self, cycle: int) -> None:
@@ -94,7 +96,8 @@ class RunReport:
         if any(r["stage"] in ("rollout", "eval") for r in self.rows):
             self.console.print(cycle_table(self.rows))
         if eval_metrics:
-            self.console.print(evaluation_table(eval_metrics))
+            before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
+            self.console.print(evaluation_table(eval_metrics, before))
         uri = tracking.tracking_uri(self.cfg)
         if self.run.reused:
             self.console.print("Every stage came from cache: nothing new to log, no new MLflow run.")
@@ -116,13 +119,14 @@ class RunReport:
 
 
 def cycle_table(rows: list[dict]) -> Table:
-    """What each cycle did, ran or cached: trees and nodes built, the rollouts' pass rate on the hidden tests, the
-    share of flat trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the
-    team's held-out Pass@1 where the cycle was evaluated."""
+    """What each cycle did, ran or cached: trees and nodes built, the share of refinements that refine another
+    agent's program (the team at work in one tree), the rollouts' pass rate on the hidden tests, the share of flat
+    trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the team's held-out
+    Pass@1 where the cycle was evaluated ("before": the starting weights)."""
     owners = sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith("update/")})
-    out = Table(title="per cycle: rollouts' pass rate, flat trees, mean |Â|, each agent's update loss / KL, "
-                      "the team's held-out Pass@1")
-    for col in ("cycle", "trees", "nodes", "pass", "flat", "|Â|", *owners, "Pass@1"):
+    out = Table(title="per cycle: cross-agent refinements, rollouts' pass rate, flat trees, mean |Â|, each agent's "
+                      "update loss / KL, the team's held-out Pass@1")
+    for col in ("cycle", "trees", "nodes", "x-agent", "pass", "flat", "|Â|", *owners, "Pass@1"):
         out.add_column(col, justify="right")
 
     def pct(value) -> str:
@@ -139,27 +143,39 @@ def cycle_table(rows: list[dict]) -> Table:
             updates.append("buffered" if u.get("skipped") else
                            f"{u['loss']:.2g} / {u['kl']:.1g}" if "loss" in u else "-")
         adv = advantage.get("advantage_abs_mean")
-        out.add_row(str(cycle), str(int(rollout.get("n_problems", 0))), str(int(rollout.get("n_nodes", 0))),
+        out.add_row(str(cycle) if cycle >= 0 else "before", str(int(rollout.get("n_problems", 0))),
+                    str(int(rollout.get("n_nodes", 0))), pct(rollout.get("cross_agent_refine_share")),
                     pct(grading.get("pass_rate")), pct(advantage.get("flat_tree_share")),
                     "-" if adv is None else f"{adv:.3f}", *updates, pct(m.get("eval", {}).get("team/pass_at_1")))
     return out
 
 
-def evaluation_table(metrics: dict[str, float]) -> Table:
-    """The paper's layout: one row per agent and the team × Pass@1, Pass@1(MCTS), Pass@N (T+ variants)."""
+def evaluation_table(metrics: dict[str, float], before: dict[str, float] | None = None) -> Table:
+    """The paper's layout: one row per agent and the team × Pass@1, Pass@1(MCTS), Pass@N (T+ variants); with
+    ``before`` (the evaluation of the starting weights), each cell reads "before → after"."""
     from mars2.eval.report import headline
 
     table = headline(metrics)
+    start = headline(before) if before else None
+
+    def cell(who: str, col: str, v: float) -> str:
+        after = "-" if v != v else f"{100 * v:.1f}"
+        if start is None or who not in start.index or col not in start.columns or start.at[who, col] != start.at[who, col]:
+            return after
+        return f"{100 * start.at[who, col]:.1f} → {after}"
+
     names = {"pass_at_1": "Pass@1", "pass_at_1_mcts": "Pass@1(MCTS)", "pass_at_n": "Pass@N",
              "pass_at_1_mcts_tplus": "Pass@1(MCTS) T+", "pass_at_n_tplus": "Pass@N T+"}
     n = int(metrics.get("n_problems", 0))
     public = " — public tests stand in for hidden ones" if metrics.get("graded_on_public_tests") else ""
-    out = Table(title=f"held-out evaluation ({n} problems{public})")
+    change = ", before → after training" if start is not None else ""
+    title = f"held-out evaluation ({n} problems{public}{change})"
+    out = Table(title=title, min_width=len(title) + 2)  # the title on one line
     out.add_column("")
     for col in table.columns:
         out.add_column(names.get(col, col), justify="right")
     for who, row in table.iterrows():
-        out.add_row(str(who), *("-" if v != v else f"{100 * v:.1f}" for v in row))
+        out.add_row(str(who), *(cell(who, col, v) for col, v in row.items()))
     div = [f"{k.split('/')[1]} {v:.2f}" for k, v in sorted(metrics.items())
            if k.startswith("team/") and k.split("/")[1].startswith(("da_at_", "aec", "g_vendi")) and k.count("/") == 1]
     if div:

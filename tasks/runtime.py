@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -12,8 +13,11 @@ def run_root() -> Path:
     return Path(os.environ.get("MARS2_HOME", ".mars2")).resolve()
 
 
-def configure_process() -> None:
-    """Offline hub access, a per-project Prefect home, quiet third-party warnings. Idempotent."""
+def configure_process(temporary_server: bool = False) -> None:
+    """Offline hub access, a per-project Prefect home, quiet third-party warnings. Idempotent.
+
+    ``temporary_server=True`` (a flow run from the command line: ``__name__ == "__main__"``) also starts Prefect's
+    temporary server now, while this process still imports its modules (:func:`start_temporary_server`)."""
     root = run_root()
     defaults = {
         "PREFECT_HOME": str(root / "prefect"),
@@ -41,3 +45,96 @@ def configure_process() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*SQLAlchemy.*")
+    if temporary_server and not os.environ.get("PREFECT_API_URL") and not _informational(sys.argv[1:]):
+        start_temporary_server()
+
+
+def _informational(argv: list[str]) -> bool:
+    """Hydra flags that print and exit (``--cfg job``, ``--help``, ...): no flow runs."""
+    return any(a.split("=")[0] in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--resolve",
+                                   "--package", "-p", "--shell-completion", "-sc") for a in argv)
+
+
+_server: dict = {}
+
+
+def start_temporary_server() -> None:
+    """Start Prefect's temporary server (what Prefect runs when no ``PREFECT_API_URL`` is set) in the background.
+
+    Prefect itself starts it at the flow's first API call and waits for it: ~8 s on 2 cores, most of a fully cached
+    run, during which this process would first import the server's modules only to launch it (~3 s more). Started at
+    the process's first line, with the command Prefect uses (``SubprocessASGIServer._run_uvicorn_command``: uvicorn,
+    ``create_app``, no UI), its start overlaps this process's own imports and config checks. It is bound to this
+    process: stopped at exit (a normal end, an error, SIGTERM/SIGINT), and killed by the kernel if this process dies
+    (``PR_SET_PDEATHSIG``), so even ``kill -9`` leaves no server behind. :func:`temporary_server_url` hands it over.
+    """
+    import atexit
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    log = Path(os.environ["PREFECT_HOME"]) / "temporary-server.log"  # its shutdown chatter stays off the console
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+    _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", log=log)
+    atexit.register(stop_temporary_server)
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when its parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def temporary_server_url(timeout_s: float = 120.0) -> str | None:
+    """The URL of the server :func:`start_temporary_server` started, once it answers; None if none was started or
+    Prefect is configured with a server of its own (a profile, ``.env``, ``prefect.toml``: the early one is stopped)."""
+    import time
+
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    proc = _server.get("proc")
+    if proc is None:
+        return None
+    if PREFECT_API_URL.value():
+        stop_temporary_server()
+        return None
+    deadline = time.monotonic() + float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", timeout_s))
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = "\n".join(_server["log"].read_text(errors="replace").splitlines()[-15:])
+            raise RuntimeError(f"Prefect's temporary server exited with code {proc.returncode} before it answered; "
+                               f"the end of {_server['log']}:\n{tail}\nSet PREFECT_API_URL to use a running server "
+                               "instead")
+        try:
+            if httpx.get(f"{_server['url']}/health", timeout=2).status_code == 200:
+                return _server["url"]
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    stop_temporary_server()
+    raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s "
+                       "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+
+def stop_temporary_server() -> None:
+    import subprocess
+
+    proc = _server.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+

@@ -110,15 +110,28 @@ def code_version(modules: tuple[str, ...]) -> str:
     """Digest of the source of ``modules`` (packages: every .py file under them)."""
     h = hashlib.sha256(CODE_VERSION_SALT.encode())
     for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ImportError(f"cannot hash code of {name}")
-        origin = Path(spec.origin)
+        origin = _source_file(name)
         files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
         for f in files:
             h.update(str(f.relative_to(origin.parents[1] if origin.name == "__init__.py" else origin.parent)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _source_file(name: str) -> Path:
+    """``name``'s source file (``__init__.py`` for a package) found without importing it: ``find_spec`` of a dotted
+    name imports its parent packages, and a cached stage's key must not cost a torch import."""
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"cannot hash code of {name}")
+    if not rest:
+        return Path(spec.origin)
+    base = Path(spec.origin).parent.joinpath(*rest)
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    raise ImportError(f"cannot hash code of {name}: no {base}.py or {base}/__init__.py")
 
 
 def _keyable(value: Any) -> Any:

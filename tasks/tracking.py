@@ -174,6 +174,14 @@ class TrackedRun:
         else:
             fn(self.id)
 
+    def has_stage(self, cfg: RunConfig, prefix: str, step: int) -> bool:
+        """A resumed run already holds this stage's metrics at this step (logged by the failed attempt, when the stage
+        ran): a cached stage is then not logged twice."""
+        if not self.resumed or self.id is None:
+            return False
+        history = _client(tracking_uri(cfg)).get_metric_history(self.id, f"{prefix}/seconds")
+        return any(m.step == step for m in history)
+
     def log_params(self, cfg: RunConfig, params: dict[str, Any]) -> None:
         """Params of a new run (a resumed run keeps the ones it has: MLflow refuses to change a param)."""
         if not self.resumed:
@@ -274,7 +282,8 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, prefix: str | None = None) -> None:
-    """Metrics as ``<stage>/<name>`` at ``step`` (= cycle); its tables as artefacts under ``cycle_<step>/<stage>/``."""
+    """Metrics as ``<stage>/<name>`` at ``step`` (= cycle); its tables as artefacts under ``cycle_<step>/<stage>/``
+    (``before/<stage>/`` for step -1: the evaluation of the starting weights)."""
     from mlflow.entities import Metric
 
     client = _client(tracking_uri(cfg))
@@ -286,7 +295,11 @@ def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, pr
         client.log_batch(run_id, metrics=metrics[i : i + 500])
     for f in record.files:
         if Path(f).name in ARTEFACTS_TO_LOG:
-            client.log_artifact(run_id, str(record.path(f)), artifact_path=f"cycle_{step}/{record.stage}")
+            client.log_artifact(run_id, str(record.path(f)), artifact_path=f"{cycle_folder(step)}/{record.stage}")
+
+
+def cycle_folder(cycle: int) -> str:
+    return f"cycle_{cycle}" if cycle >= 0 else "before"
 
 
 def log_json(cfg: RunConfig, run_id: str, obj: Any, artifact_file: str) -> None:

@@ -24,6 +24,10 @@ import httpx
 
 _server: dict = {}
 
+# The random-initialised tiny team: flow tests run the machinery, not the method, and need no warm-start (the default
+# team, tiny_cpu_warm, spends ~2 minutes on it). A test picking another preset replaces this.
+RANDOM_TEAM = ["agents=tiny_cpu", "data=toy"]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on now."""

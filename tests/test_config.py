@@ -6,20 +6,31 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from mars2.config import ConfigError
-from tasks.config import CONF_DIR, load_cfg, resolve
+from tasks.config import CONF_DIR, ROSTER_PRESETS, load_cfg, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted(p.stem for p in (CONF_DIR / "agents").glob("*.yaml"))
+PRESETS = sorted([p.stem for p in (CONF_DIR / "agents").glob("*.yaml")] + ROSTER_PRESETS)
 CPU_PRESETS = [p for p in PRESETS if p.startswith("tiny_cpu") or p.endswith("_cpu")]
 GPU_PRESETS = [p for p in PRESETS if p not in CPU_PRESETS]
 
 
 def test_presets_named_by_the_issue_exist():
     assert {"tiny_cpu", "single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b",
-            "heterogeneous_32b"} <= set(PRESETS)
+            "heterogeneous_32b", "tiny_cpu_warm", "tiny_cpu_warm_homogeneous", "tiny_cpu_warm_single"} <= set(PRESETS)
+
+
+def test_warm_presets_share_one_definition_of_each_agent():
+    """The roster defines qwen_tiny once; the three warm presets carry the same block, and an override of one
+    preset's member reaches that preset only."""
+    qwen = {p: load_cfg([f"agents={p}"]).agents.members[0] for p in ROSTER_PRESETS}
+    assert len({str(m) for m in qwen.values()}) == 1 and qwen["tiny_cpu_warm"].bootstrap.steps > 0
+    warm = load_cfg(["agents=tiny_cpu_warm"])
+    assert warm.data.n_problems == 256  # the preset selects the benchmark it is sized for ...
+    assert load_cfg(["agents=tiny_cpu_warm", "data=toy"]).data.n_problems == 64  # ... and the command line wins
+    lr = load_cfg(["agents=tiny_cpu_warm_single", "agents.members.0.optimizer.lr=0.5"]).agents.members[0].optimizer.lr
+    assert lr == 0.5 and load_cfg(["agents=tiny_cpu_warm_single"]).agents.members[0].optimizer.lr != 0.5
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -36,10 +47,14 @@ def test_tiny_paradigm_presets_validate(preset):
     assert len(owners) == 1 and run.agents.paradigm in ("single", "homogeneous")
 
 
-def test_default_tiny_cpu_validates_with_two_architectures():
+def test_default_team_is_warm_started_with_two_architectures():
     run = resolve(load_cfg([]), cuda_available=False)
     archs = {m.tiny.arch for m in run.agents.members}
     assert archs == {"qwen2", "llama"} and run.agents.paradigm == "heterogeneous"
+    assert run.agents.preset == "tiny_cpu_warm" and all(m.bootstrap.steps > 0 for m in run.agents.members)
+    assert run.data.n_problems == 256
+    random_team = resolve(load_cfg(["agents=tiny_cpu"]), cuda_available=False)  # what the flow tests name
+    assert all(m.bootstrap.steps == 0 for m in random_team.agents.members) and random_team.data.n_problems == 64
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
@@ -106,12 +121,3 @@ def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
     assert not Path("/nonexistent-do-not-create").exists()
 
 
-def test_the_warm_qwen_tiny_block_is_the_same_in_every_warm_preset():
-    """The warm-started qwen_tiny of tiny_cpu_warm is shared by the single and homogeneous arms (one warm-start in the
-    cache for all three). OmegaConf cannot interpolate a block into a list of typed agents (nor Hydra compose one into a
-    list element), so the block is written out in each file and this test keeps the copies identical."""
-    blocks = {p: OmegaConf.to_container(load_cfg([f"agents={p}"]).agents.members[0])
-              for p in ("tiny_cpu_warm", "tiny_cpu_warm_single", "tiny_cpu_warm_homogeneous")}
-    first = blocks["tiny_cpu_warm"]
-    assert first["name"] == "qwen_tiny" and first["bootstrap"]["steps"] > 0
-    assert all(b == first for b in blocks.values()), blocks

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from flowenv import flow_env
+from flowenv import RANDOM_TEAM, flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["data.n_problems=24", "data.max_eval_problems=3", "eval.max_new_tokens=24", "grading.time_limit_s=2"]
+SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_eval_problems=3", "eval.max_new_tokens=24", "grading.time_limit_s=2"]
 LCB_V5 = ROOT.parent / "shared" / "data" / "lcb_v5_public" / "problems.jsonl"
 
 pytestmark = pytest.mark.slow

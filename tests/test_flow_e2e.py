@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from flowenv import flow_env
+from flowenv import RANDOM_TEAM, flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
+SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
          "train.cycles=2", "grading.time_limit_s=2"]
 UPSTREAM_OF_GRADING = {"data", "agents", "rollout"}
@@ -126,7 +126,7 @@ def test_identical_rerun_executes_nothing(runs):
     assert runs["c"].returncode == 0, runs["c"].stderr[-3000:]
     lines = [line for line in runs["c"].stderr.splitlines() if "✓ ran" in line or "↺ cached" in line]
     assert all("↺ cached" in line for line in lines)
-    assert len(lines) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
+    assert len(lines) == 3 + 2 * 6  # data, agents, eval before + per cycle: rollout, grading, advantage, 2 updates, eval
 
 
 def test_deleted_artefacts_are_rebuilt_and_dependents_stay_cached(runs):
@@ -155,7 +155,9 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     assert sorted(i.dataset.name for i in inputs) == ["toy-eval", "toy-train"]
     assert {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"} == {"train", "eval"}
     steps = _mlflow(home, "select step from metrics where run_uuid=? and key='eval/qwen_tiny/pass_at_1'", run_id)
-    assert sorted(s for (s,) in steps) == [0, 1]
+    assert sorted(s for (s,) in steps) == [-1, 0, 1]  # -1: the starting weights (eval.before)
+    data = _mlflow(home, "select step from metrics where run_uuid=? and key='data/seconds'", run_id)
+    assert data == [(0,)]  # logged by the failed attempt, not again by the resumed one (it came from cache)
     keys = {k for (k,) in _mlflow(home, "select distinct key from metrics where run_uuid=?", run_id)}
     assert {"grading/pass_rate", "advantage/mean_reward", "update/qwen_tiny/loss", "eval/team/pass_at_n"} <= keys
     art = home / "mlartifacts"
@@ -198,7 +200,7 @@ def test_killed_process_resumes_from_finished_stages(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     table = _stage_table(tmp_path, _latest_run_id(tmp_path)).set_index("stage")["status"]
     assert all(table[s] == "cached" for s in finished if s in table.index), (finished, table.to_dict())
-    assert table["eval"] in ("ran", "cached")
+    assert len(table.loc[["eval"]]) == 2 and table.loc[["eval"]].isin(["ran", "cached"]).all()  # before, cycle 0
     leftovers = [p for p in (tmp_path / "artifacts").glob("*/*") if p.name.endswith(".tmp")]
     assert all(not (p / "MANIFEST.json").exists() for p in leftovers)  # partial folders are never final
 
@@ -260,9 +262,12 @@ def test_the_console_has_one_line_per_stage_and_no_prefect_chatter(runs):
     console = runs["b"].stdout + runs["b"].stderr
     assert "generate:" not in console and "| INFO    |" not in console and "grading:" not in console
     stage_lines = [line for line in console.splitlines() if "✓ ran" in line or "↺ cached" in line]
-    assert len(stage_lines) == 2 + 2 * 6  # data, agents + per cycle: rollout, grading, advantage, 2 updates, eval
+    assert len(stage_lines) == 3 + 2 * 6  # data, agents, eval before + per cycle: rollout, grading, advantage, 2 updates, eval
     per_cycle = console[console.index("per cycle:"):].splitlines()
-    assert [line.split("│")[1].strip() for line in per_cycle if line.startswith("│")][:2] == ["0", "1"]
+    assert [line.split("│")[1].strip() for line in per_cycle if line.startswith("│")][:3] == ["before", "0", "1"]
+    held_out = console[console.index("held-out evaluation"):].splitlines()
+    team = next(line for line in held_out if line.startswith("│ team"))
+    assert "before → after" in console and team.count("→") == 3  # Pass@1, Pass@1(MCTS), Pass@N, each before → after
 
 
 def test_the_mlflow_ui_serves_the_run_its_datasets_curves_and_artefacts(runs):
@@ -307,7 +312,7 @@ def test_the_mlflow_ui_serves_the_run_its_datasets_curves_and_artefacts(runs):
         tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
         assert tags["mlflow.source.name"] == "train_cycle.py" and "mlflow.note.content" in tags
         history = get(f"/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=eval/team/pass_at_1")
-        assert sorted({m["step"] for m in history["metrics"]}) == [0, 1]  # one point per cycle: a curve
+        assert sorted({m["step"] for m in history["metrics"]}) == [-1, 0, 1]  # before, then one point per cycle
         files = {f["path"] for f in get(f"/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=cycle_1/rollout")["files"]}
         assert {"cycle_1/rollout/trees.png"} <= files
         assert "agents:" in get(f"/get-artifact?path=config.yaml&run_uuid={run_id}")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from flowenv import flow_env
+from flowenv import RANDOM_TEAM, flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2", "search.max_nodes=4",
+SMALL = [*RANDOM_TEAM, "eval.before=false", "data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2", "search.max_nodes=4",
          "search.max_new_tokens=16", "eval.max_new_tokens=16", "grading.time_limit_s=2", "train.overlong_buffer=8"]
 
 pytestmark = pytest.mark.slow

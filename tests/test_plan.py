@@ -158,7 +158,7 @@ def test_smollm2_cpu_plans_from_the_shipped_config():
 def test_tiny_cpu_plans_on_cpu():
     cp = require_fit(_plan("agents=tiny_cpu"))
     assert [a.device for a in cp.agents] == ["cpu", "cpu"] and cp.used_gpus == 0
-    run = resolve(load_cfg([]), cuda_available=False)
+    run = resolve(load_cfg(["agents=tiny_cpu"]), cuda_available=False)
     for a, m in zip(cp.agents, run.agents.members, strict=True):
         assert a.shape.params == count_parameters(tiny_config_dict(m.tiny))[0]
 

@@ -22,3 +22,28 @@ def test_nothing_is_drawn_where_the_console_is_not_a_terminal():
     with stage_progress("rollout c0", "nodes", Console(file=out, force_terminal=False)) as advance:
         advance(5, 10)
     assert out.getvalue() == ""
+
+
+def test_the_summary_shows_held_out_numbers_before_and_after_training():
+    from rich.console import Console
+
+    from tasks.report import cycle_table, evaluation_table
+
+    before = {"qwen_tiny/pass_at_1": 0.25, "team/pass_at_1": 0.25, "team/pass_at_1_mcts": 0.5, "n_problems": 4}
+    after = {"qwen_tiny/pass_at_1": 0.5, "team/pass_at_1": 0.5, "team/pass_at_1_mcts": 0.75, "n_problems": 4}
+    console = Console(width=120, record=True)
+    console.print(evaluation_table(after, before))
+    console.print(evaluation_table(after))
+    rows = [{"cycle": -1, "stage": "eval", "metrics": before},
+            {"cycle": 0, "stage": "rollout", "metrics": {"n_problems": 2, "n_nodes": 8, "cross_agent_refine_share": 0.375}},
+            {"cycle": 0, "stage": "grading", "metrics": {"pass_rate": 0.125}},
+            {"cycle": 0, "stage": "eval", "metrics": after}]
+    console.print(cycle_table(rows))
+    text = console.export_text()
+    assert "before → after" in text
+    assert "25.0 → 50.0" in text and "50.0 → 75.0" in text  # agent and team Pass@1, team Pass@1(MCTS)
+    first, second = text.split("held-out evaluation")[1:3]
+    assert "→" in first and "→" not in second.split("per cycle")[0]  # without a "before", plain numbers
+    lines = [line.split("│") for line in text.splitlines() if line.startswith("│")]
+    assert [c[1].strip() for c in lines if c[1].strip() in ("before", "0")] == ["before", "0"]
+    assert any("12.5%" in line and "37.5%" in line for line in text.splitlines())  # pass rate, cross-agent share
