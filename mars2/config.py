@@ -219,7 +219,9 @@ class EvalConfig:
     """Held-out evaluation (docs/algorithm.md §16–§18, docs/eval.md): i.i.d. samples per agent and search trees."""
 
     every: int = 1  # evaluate after every N-th cycle (and after the last)
-    before: bool = True  # train cycles: also evaluate the starting weights (step -1), for the "before → after" columns
+    # train cycles: also evaluate the starting weights (MLflow step -1), for the summary's "before → after"; not part of
+    # the evaluation stage's cache key (it decides whether the flow calls the stage, not what the stage computes)
+    before: bool = field(default=True, metadata={"cache_key": False})
     n_samples: int = 1  # i.i.d. samples per agent per problem → Pass@1 (mean over samples) and pass@k
     temperature: float = 0.0  # of the i.i.d. samples; 0 = greedy
     max_new_tokens: int = 96

@@ -27,11 +27,12 @@ def register_roster_presets(path: Path = CONF_DIR / "roster" / "tiny_warm.yaml")
 
     A roster defines every agent block once for the presets that share it (Hydra cannot interpolate a block into a
     typed list element); a preset registered here is a whole experiment like the real-model ones: it also selects
-    ``data=<roster data>``, and command-line overrides (``data=toy``, ``agents.members.0.optimizer.lr=...``) still win.
+    ``data=<roster data>`` and sets the roster's ``settings`` (sampling temperature, lengths); command-line overrides
+    (``data=toy``, ``search.temperature=1.0``, ``agents.members.0.optimizer.lr=...``) still win.
     """
     roster = OmegaConf.load(path)
     for name, preset in roster.presets.items():
-        node = {"defaults": [{"override /data": roster.data}, "_self_"],
+        node = {"defaults": [{"override /data": roster.data}, "_self_"], **roster.get("settings", {}),
                 "agents": {"preset": name, "paradigm": preset.paradigm,
                            "members": [roster.agents[member] for member in preset.members]}}
         ConfigStore.instance().store(group="agents", name=name, node=node, package="_global_")

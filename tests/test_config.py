@@ -27,8 +27,9 @@ def test_warm_presets_share_one_definition_of_each_agent():
     qwen = {p: load_cfg([f"agents={p}"]).agents.members[0] for p in ROSTER_PRESETS}
     assert len({str(m) for m in qwen.values()}) == 1 and qwen["tiny_cpu_warm"].bootstrap.steps > 0
     warm = load_cfg(["agents=tiny_cpu_warm"])
-    assert warm.data.n_problems == 256  # the preset selects the benchmark it is sized for ...
+    assert warm.data.n_problems == 256 and warm.search.temperature == 0.7  # the preset's benchmark and sampling ...
     assert load_cfg(["agents=tiny_cpu_warm", "data=toy"]).data.n_problems == 64  # ... and the command line wins
+    assert load_cfg(["agents=tiny_cpu_warm", "search.temperature=1.0"]).search.temperature == 1.0
     lr = load_cfg(["agents=tiny_cpu_warm_single", "agents.members.0.optimizer.lr=0.5"]).agents.members[0].optimizer.lr
     assert lr == 0.5 and load_cfg(["agents=tiny_cpu_warm_single"]).agents.members[0].optimizer.lr != 0.5
 
