@@ -83,3 +83,26 @@ def test_generation_stops_at_every_end_token_the_model_lists(tiny_model_dir):
         assert sum(t in (extra, tok.eos_token_id) for t in g.response_ids) <= 1  # nothing after an end token
     assert end_token_ids([5, 7], 7) == [5, 7] and end_token_ids(None, 3) == [3] and end_token_ids(9, None) == [9]
     assert generation_config_eos(str(tiny_model_dir)) in (tok.eos_token_id, [tok.eos_token_id])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_a_request_samples_the_same_text_alone_or_batched_with_others(tiny_model_dir, temperature):
+    """Per-request seeds: what a prompt samples depends on its prompt and seed, not on the other prompts of the call
+    (padding, batch size, position in the batch) — the tree search's runs do not depend on their batching."""
+    from mars2.backends.base import request_seed
+
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir), batch_size=8)
+    chat = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in ("sum", "a much longer prompt about the maximum of a list", "x", "print the primes below n")]
+    seeds = [request_seed(0, "problem", i) for i in range(len(chat))]
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=16, seed=0)
+    together = backend.generate(chat, params, seeds)
+    for i, prompt in enumerate(chat):
+        alone = backend.generate([prompt], params, [seeds[i]])[0]
+        assert [g.response_ids for g in alone] == [g.response_ids for g in together[i]]
+        assert all(a.logprobs == pytest.approx(b.logprobs, abs=1e-5) for a, b in zip(alone, together[i]))
+    reordered = backend.generate(chat[::-1], params, seeds[::-1])[::-1]
+    assert [[g.response_ids for g in gs] for gs in reordered] == [[g.response_ids for g in gs] for gs in together]
+    if temperature > 0:  # another seed, another sample
+        other = backend.generate(chat, params, [s + 1 for s in seeds])
+        assert [[g.response_ids for g in gs] for gs in other] != [[g.response_ids for g in gs] for gs in together]

@@ -20,9 +20,9 @@ class CountingBackend:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, seeds=None):
         self.calls.append(len(prompts))
-        return self.inner.generate(prompts, params)
+        return self.inner.generate(prompts, params, seeds)
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +125,9 @@ class TimedBackend:
     def __init__(self, inner, log, uses_host_cpu):
         self.inner, self.log, self.uses_host_cpu = inner, log, uses_host_cpu
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, seeds=None):
         t0 = time.perf_counter()
-        out = self.inner.generate(prompts, params)
+        out = self.inner.generate(prompts, params, seeds)
         time.sleep(0.05)
         self.log.append(("generate", t0, time.perf_counter()))
         return out
@@ -177,3 +177,24 @@ def test_progress_counts_every_node_and_program_up_to_the_total(setup):
     assert len(samples) + len(trees) == total
     assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_a_trees_history_does_not_depend_on_which_trees_share_its_batches(tiny_model_dir):
+    """k = 1: every request's seed is (run seed, problem, node index), so three trees searched together build the
+    same trees, node for node, as each searched alone."""
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    problems = [problem_from_lcb_row(r) for r in toy_benchmark(3, 1)]
+    agents = {"a": AgentRunner(backend, tok, "role A"), "b": AgentRunner(backend, tok, "role B")}
+
+    def grade(jobs):
+        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], workers=2, time_limit_s=2)
+
+    def search(group):
+        rows = run_tree_search(group, agents, policy=ABMCTSA(), max_nodes=4, grade=grade, seed=0,
+                               sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=5))
+        return pd.DataFrame(rows)[["problem_id", "node_id", "parent", "agent", "response", "score"]]
+
+    together = search(problems)
+    alone = pd.concat([search([p]) for p in problems], ignore_index=True)
+    pd.testing.assert_frame_equal(together.reset_index(drop=True), alone)
+    assert together["response"].nunique() > 1

@@ -27,9 +27,11 @@ class LLM:
     def __init__(self, **kw):
         assert kw["logprobs_mode"] == "processed_logprobs" and kw["model"]
         assert "data_parallel_size" not in kw  # offline vllm.LLM is one engine per process
-    def generate(self, prompts, sp):
+    def generate(self, prompts, sps):
+        assert len(sps) == len(prompts)  # one SamplingParams per request: each its own seed
         outs = []
-        for i, p in enumerate(prompts):
+        for i, (p, sp) in enumerate(zip(prompts, sps)):
+            assert isinstance(sp.kw["seed"], int)
             comps = []
             for k in range(sp.kw["n"]):
                 ids = [10 + i, 20 + k, 2]
@@ -42,10 +44,13 @@ class LLM:
 
 
 def test_request_carries_sampling_and_engine_arguments():
-    req = build_request(["a"], SamplingParams(n=3, temperature=0.0, top_p=0.9, max_new_tokens=7, seed=5),
-                        VLLMEngineArgs(model="/m", tensor_parallel_size=4))
-    assert req["sampling"] == {"n": 3, "temperature": 0.0, "top_p": 1.0, "max_tokens": 7, "seed": 5, "logprobs": 0}
-    assert req["engine"]["tensor_parallel_size"] == 4 and req["prompts"] == ["a"]
+    params = SamplingParams(n=3, temperature=0.0, top_p=0.9, max_new_tokens=7, seed=5)
+    req = build_request(["a", "b"], params, VLLMEngineArgs(model="/m", tensor_parallel_size=4), seeds=[11, 12])
+    assert req["sampling"] == {"n": 3, "temperature": 0.0, "top_p": 1.0, "max_tokens": 7, "logprobs": 0}
+    assert req["engine"]["tensor_parallel_size"] == 4 and req["prompts"] == ["a", "b"] and req["seeds"] == [11, 12]
+    from mars2.backends.base import prompt_seeds
+
+    assert build_request(["a", "b"], params, VLLMEngineArgs(model="/m"))["seeds"] == prompt_seeds(params, 2)
 
 
 def test_completion_output_maps_to_generation():

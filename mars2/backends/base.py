@@ -35,13 +35,33 @@ class Generation:
 class GenerationBackend(Protocol):
     """A batch of prompts in, generations with token ids and sampled-token log-probs out.
 
+    Every prompt is a request with its own seed (``seeds[i]``, default :func:`prompt_seeds`): its generations depend
+    on the prompt, the seed and the weights, not on which other prompts share the call or the batch.
+
     A backend that generates on the host's CPU sets ``uses_host_cpu = True``; the tree search then grades in turn
     with generation instead of beside it (the sandbox pool needs the same cores).
     """
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
         """For each prompt (already chat-formatted text), ``params.n`` generations."""
         ...
+
+
+def request_seed(seed: int, *key: object) -> int:
+    """A request's sampling seed: a 63-bit digest of (run seed, key...), e.g. ``(seed, problem_id, node_index)``.
+
+    Stable across processes and Python versions (no ``hash()``), so a node's text is reproducible from its place in
+    its tree whatever the batching or timing."""
+    import hashlib
+
+    digest = hashlib.sha256(repr((int(seed), *map(str, key))).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def prompt_seeds(params: SamplingParams, n_prompts: int) -> list[int]:
+    """Seeds of a call that names none: prompt i of the call gets ``request_seed(params.seed, "prompt", i)``."""
+    return [request_seed(params.seed, "prompt", i) for i in range(n_prompts)]
 
 
 def end_token_ids(generation_config_eos, tokenizer_eos: int | None) -> list[int]:

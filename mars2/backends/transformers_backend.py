@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams, end_token_ids
+from mars2.backends.base import Generation, SamplingParams, end_token_ids, prompt_seeds, request_seed
 
 
 class TransformersBackend:
@@ -23,63 +23,94 @@ class TransformersBackend:
         generation = getattr(model, "generation_config", None)
         self.stop_ids = end_token_ids(getattr(generation, "eos_token_id", None), tokenizer.eos_token_id)
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
-        import torch
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
+        """``params.n`` generations per prompt; sample j of prompt i draws from its own generator, seeded with
+        ``request_seed(seeds[i], j)``, so what it samples depends on its prompt and seed, not on its batch."""
         from tqdm.auto import tqdm
 
-        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(params.n)]
+        seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         # similar lengths share a batch (less padding), and batches are equal-sized rather than full + remainder
-        order = sorted(range(len(rows)), key=lambda r: len(rows[r][1]))
+        order = sorted(range(len(rows)), key=lambda r: len(prompts[rows[r][0]]))
         n_batches = max(1, -(-len(rows) // self.batch_size))
         size = -(-len(rows) // n_batches)
         out: list[list[Generation | None]] = [[None] * params.n for _ in prompts]
         for b in tqdm(range(n_batches), desc="generate", unit="batch", disable=not self.progress, leave=False):
-            chunk = order[b * size : (b + 1) * size]
-            torch.manual_seed(params.seed * 1_000_003 + b)
-            for r, gen in zip(chunk, self._generate_batch([rows[r][1] for r in chunk], params), strict=True):
-                out[rows[r][0]][r % params.n] = gen
+            chunk = [rows[r] for r in order[b * size : (b + 1) * size]]
+            batch = self.generate_batch([prompts[i] for i, _ in chunk], params,
+                                        [request_seed(seeds[i], j) for i, j in chunk])
+            for (i, j), gen in zip(chunk, batch, strict=True):
+                out[i][j] = gen
         return out  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Generation]:
+    def generate_batch(self, prompts: list[str], params: SamplingParams, seeds: list[int]) -> list[Generation]:
+        """One left-padded batch, decoded token by token with a KV cache; row b samples with its own
+        ``torch.Generator`` seeded ``seeds[b]``.
+
+        Per step, with logits z ∈ R^{B×V}: greedy (T = 0) takes argmax z and reports log softmax(z); sampling
+        draws from π = top_p(softmax(z / T)) (renormalised) and reports log π of the drawn token — the processed
+        log-probs truncated importance sampling compares with the trainer's (as ``compute_transition_scores``
+        with ``normalize_logits=True`` did)."""
         import torch
 
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        greedy = params.temperature <= 0
-        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
+        stop = torch.tensor(self.stop_ids, device=self.device)
+        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+        step_ids, positions, cache = ids, (mask.long().cumsum(-1) - 1).clamp(min=0), None
+        tokens, logprobs = [], []
         with torch.no_grad():
-            res = self.model.generate(
-                **enc,
-                do_sample=not greedy,
-                max_new_tokens=params.max_new_tokens,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=self.stop_ids,
-                return_dict_in_generate=True,
-                output_scores=True,
-                **sampling,
-            )
-            logprobs = self.model.compute_transition_scores(res.sequences, res.scores, normalize_logits=True)
-        prompt_len = enc["input_ids"].shape[1]
+            for _ in range(params.max_new_tokens):
+                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                token, logprob = next_tokens(out.logits[:, -1, :].float(), params, generators)
+                token = torch.where(finished, torch.full_like(token, tok.pad_token_id), token)
+                tokens.append(token)
+                logprobs.append(logprob)
+                finished |= torch.isin(token, stop)
+                if bool(finished.all()):
+                    break
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+                step_ids, positions = token[:, None], positions[:, -1:] + 1
+        new_ids = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in prompts]
+        new_lps = torch.stack(logprobs, dim=1).tolist() if logprobs else [[] for _ in prompts]
         gens = []
         for row in range(len(prompts)):
-            prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
-            new = res.sequences[row, prompt_len:].tolist()
-            lps = logprobs[row].tolist()
-            finish = "length"
+            prompt_ids = ids[row][mask[row, : ids.shape[1]].bool()].tolist()
+            new, finish = new_ids[row], "length"
             end = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
             if end is not None:
-                new = new[: end + 1]
-                finish = "stop"
-            gens.append(
-                Generation(
-                    prompt_ids=prompt_ids,
-                    response_ids=new,
-                    logprobs=[float(x) for x in lps[: len(new)]],
-                    text=tok.decode(new, skip_special_tokens=True),
-                    finish_reason=finish,
-                )
-            )
+                new, finish = new[: end + 1], "stop"
+            gens.append(Generation(prompt_ids=prompt_ids, response_ids=new,
+                                   logprobs=[float(x) for x in new_lps[row][: len(new)]],
+                                   text=tok.decode(new, skip_special_tokens=True), finish_reason=finish))
         return gens
+
+
+def next_tokens(logits, params: SamplingParams, generators) -> tuple:
+    """One decoding step for a batch: logits [B, V] → (tokens [B], their log-probs [B]); see ``generate_batch``."""
+    import torch
+
+    if params.temperature <= 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1)
+        return token, logp.gather(-1, token[:, None])[:, 0]
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_lp, index = logp.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included, as HF does)
+        drop = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp() >= params.top_p
+        logp = logp.scatter(-1, index, sorted_lp.masked_fill(drop, float("-inf")))
+        logp = torch.log_softmax(logp, dim=-1)
+    probs = logp.exp()
+    token = torch.stack([torch.multinomial(probs[b], 1, generator=g)[0] for b, g in enumerate(generators)])
+    return token, logp.gather(-1, token[:, None])[:, 0]
 
 
 def load_transformers_backend(model_dir: str, tokenizer_dir: str, *, device: str = "cpu", dtype: str = "float32",

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams
+from mars2.backends.base import Generation, SamplingParams, prompt_seeds
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,9 @@ def vllm_engine_args(model_dir: str, member, backend) -> VLLMEngineArgs:
 
 
 def build_request(prompts: list[str], params: SamplingParams, engine: VLLMEngineArgs,
-                  stop_token_ids: list[int] | None = None) -> dict[str, Any]:
-    """The JSON request the worker reads: engine arguments, sampling parameters, prompts.
+                  stop_token_ids: list[int] | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
+    """The JSON request the worker reads: engine arguments, sampling parameters, prompts and each prompt's seed
+    (vLLM's per-request ``SamplingParams.seed``: its samples do not depend on the rest of the batch).
 
     ``stop_token_ids``: every end token the model's generation config lists (vLLM would otherwise stop at the
     tokenizer's EOS only when the model folder's generation config is not read)."""
@@ -66,10 +67,10 @@ def build_request(prompts: list[str], params: SamplingParams, engine: VLLMEngine
             "temperature": params.temperature,
             "top_p": params.top_p if params.temperature > 0 else 1.0,
             "max_tokens": params.max_new_tokens,
-            "seed": params.seed,
             "logprobs": 0,  # the sampled token's log-prob only
         },
         "prompts": prompts,
+        "seeds": list(seeds) if seeds is not None else prompt_seeds(params, len(prompts)),
     }
 
 
@@ -100,19 +101,21 @@ class VLLMBackend:
         self.timeout_s = timeout_s
         self.stop_token_ids = stop_token_ids
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Generation]]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
         """Prompt i goes to replica i mod R (R = ``data_parallel_size``, at most one per prompt); the R workers run at
         once, each on its own ``tensor_parallel_size`` GPUs; the answers come back in prompt order."""
         replicas = max(1, min(self.engine.data_parallel_size, len(prompts)))
         devices = replica_devices(replicas, self.engine.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
         shards = [list(range(r, len(prompts), replicas)) for r in range(replicas)]
+        seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
         out: list[list[Generation] | None] = [None] * len(prompts)
         with tempfile.TemporaryDirectory(prefix="mars2-vllm-") as tmp:
             workers = []
             for r, shard in enumerate(shards):
                 req, resp = Path(tmp) / f"request{r}.json", Path(tmp) / f"response{r}.jsonl"
                 req.write_text(json.dumps(build_request([prompts[i] for i in shard], params, self.engine,
-                                                        self.stop_token_ids)))
+                                                        self.stop_token_ids, [seeds[i] for i in shard])))
                 env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]}
                 workers.append((shard, resp, subprocess.Popen(
                     [self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)], env=env,

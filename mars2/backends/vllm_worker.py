@@ -20,7 +20,8 @@ def main(request_path: str, out_path: str) -> None:
 
     req = json.loads(open(request_path).read())
     llm = LLM(**req["engine"], logprobs_mode="processed_logprobs")
-    outputs = llm.generate(req["prompts"], VSamplingParams(**req["sampling"]))
+    # one SamplingParams per prompt: each request carries its own seed
+    outputs = llm.generate(req["prompts"], [VSamplingParams(**req["sampling"], seed=s) for s in req["seeds"]])
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         for out in outputs:

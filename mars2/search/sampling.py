@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams
+from mars2.backends.base import Generation, SamplingParams, request_seed
 from mars2.data.schema import Problem
 from mars2.search.ab_mcts import ROOT
 from mars2.search.prompts import extract_code, generate_prompt
@@ -24,8 +24,8 @@ def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, A
     for k, (name, agent) in enumerate(agents.items()):
         texts = [agent.chat(generate_prompt(p)) for p in problems]
         params = SamplingParams(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_new_tokens=sampling.max_new_tokens, seed=sampling.seed * 100_003 + k)
-        outs = agent.backend.generate(texts, params)
+                                max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
+        outs = agent.backend.generate(texts, params, [request_seed(sampling.seed, p.id, name) for p in problems])
         for p, text, gens in zip(problems, texts, outs, strict=True):
             drawn[p.id] += [(name, text, g, extract_code(g.text)) for g in gens]
         if progress is not None:

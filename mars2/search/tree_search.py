@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mars2.backends.base import Generation, GenerationBackend, SamplingParams
+from mars2.backends.base import Generation, GenerationBackend, SamplingParams, request_seed
 from mars2.data.schema import Problem, TestCase
 from mars2.search.ab_mcts import ABMCTSA, ROOT, Expansion, SearchTree
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
@@ -85,20 +85,21 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
             todo = [p.id for p in problems if len(trees[p.id]) < max_nodes]
             if not todo:
                 break
-            asks = [(pid, policy.ask(trees[pid], rngs[pid])) for pid in todo
-                    for _ in range(min(expansions_per_wave, max_nodes - len(trees[pid])))]
+            # each request's seed names its node: (run seed, problem, node index), whatever shares its batch
+            asks = [(pid, policy.ask(trees[pid], rngs[pid]), request_seed(sampling.seed, pid, len(trees[pid]) + j))
+                    for pid in todo for j in range(min(expansions_per_wave, max_nodes - len(trees[pid])))]
             pending = []
             for agent in names:
-                mine_asks = [(pid, e) for pid, e in asks if e.agent == agent]
+                mine_asks = [(pid, e) for pid, e, _ in asks if e.agent == agent]
                 if not mine_asks:
                     continue
                 mine = [pid for pid, _ in mine_asks]
                 prompts = [_prompt(by_id[pid], e, rows[pid], detailed_feedback) for pid, e in mine_asks]
                 texts = [agents[agent].chat(p) for p in prompts]
                 params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                        max_new_tokens=sampling.max_new_tokens,
-                                        seed=sampling.seed * 100_003 + wave * 101 + names.index(agent))
-                gens = [g[0] for g in agents[agent].backend.generate(texts, params)]
+                                        max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
+                seeds = [s for _, e, s in asks if e.agent == agent]
+                gens = [g[0] for g in agents[agent].backend.generate(texts, params, seeds)]
                 codes = [extract_code(g.text) for g in gens]
                 jobs = [(c, by_id[pid].public_tests, by_id[pid].func_name) for pid, c in zip(mine, codes, strict=True)]
                 pending.append((mine_asks, texts, gens, codes, submit(grade, jobs)))
