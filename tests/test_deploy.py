@@ -36,7 +36,7 @@ from tasks.stage import AgentWeights, StageContext, StageRecord, stage_digest
 from tasks.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [*RANDOM_TEAM, "eval.before=false", "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
+SMALL = [*RANDOM_TEAM, "eval.before=False", "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
          "train.cycles=1", "grading.time_limit_s=2"]
 OVERRIDE_LISTS = [

@@ -136,7 +136,7 @@ def test_bad_checkpoints_are_clear_errors(home, full):
 
 @pytest.mark.parametrize("data", ["humaneval", "lcb_v5_public"])
 def test_other_benchmarks_run_through_the_same_flow(home, data):
-    overrides = [f"data={data}", "data.max_eval_problems=2", "eval=default", "eval.max_nodes=2",
+    overrides = ["agents=tiny_cpu", f"data={data}", "data.max_eval_problems=2", "eval=default", "eval.max_nodes=2",
                  "eval.max_new_tokens=24", "grading.time_limit_s=2"]
     if data == "lcb_v5_public":
         if not LCB_V5.is_file():
