@@ -1,0 +1,130 @@
+"""The persistent generation engine (mars2/backends/engine.py): a real engine process on tiny models — in-place
+weight reload with versions, crash restart, shutdown."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mars2.backends import SamplingParams
+from mars2.backends.base import request_seed
+from mars2.backends.engine import EngineClient, EngineError, EngineSpec
+from mars2.backends.transformers_backend import load_transformers_backend
+
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
+
+
+@pytest.fixture(scope="module")
+def second_weights(tiny_model_dir, tmp_path_factory, tiny_tokenizer):
+    """The same architecture with other weights (what an update hands on)."""
+    from mars2.models.tiny import build_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny_model_v2")
+    model = build_tiny_model("qwen2", vocab_size=len(tiny_tokenizer), hidden_size=32, num_layers=2, num_heads=4,
+                             num_kv_heads=2, intermediate_size=64, max_position_embeddings=1024,
+                             pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id, seed=7)
+    model.save_pretrained(d)
+    return d
+
+
+def _prompts(tok):
+    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in ("sum two numbers", "x", "print the primes below n")]
+
+
+def _texts(out):
+    return [[g.response_ids for g in gens] for gens in out]
+
+
+def _in_process(model_dir, tokenizer_dir, prompts, seeds):
+    backend, _ = load_transformers_backend(str(model_dir), str(tokenizer_dir))
+    return backend.generate(prompts, PARAMS, seeds)
+
+
+def test_one_engine_serves_every_version_in_place_and_never_answers_with_an_older_one(tiny_model_dir, second_weights):
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts = _prompts(tok)
+    seeds = [request_seed(0, "p", i) for i in range(len(prompts))]
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        pid = engine.pid
+        first = engine.generate(prompts, PARAMS, seeds)
+        assert _texts(first) == _texts(_in_process(tiny_model_dir, tiny_model_dir, prompts, seeds))
+        engine.load(str(second_weights), "v2")
+        second = engine.generate(prompts, PARAMS, seeds)
+        assert _texts(second) == _texts(_in_process(second_weights, tiny_model_dir, prompts, seeds))
+        assert _texts(second) != _texts(first)
+        assert engine.pid == pid and engine.starts == 1 and engine.health()["version"] == "v2"
+        engine.spec = engine.spec.__class__(**{**engine.spec.__dict__, "version": "v1"})  # a stale caller
+        with pytest.raises(EngineError, match="holds weights version 'v2', the request wants 'v1'"):
+            engine.generate(prompts, PARAMS, seeds)
+    finally:
+        engine.close()
+    assert engine.pid is None
+
+
+def test_a_crashed_engine_restarts_once_with_the_latest_weights_then_fails_clearly(tiny_model_dir, second_weights):
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts = _prompts(tok)[:1]
+    engine = EngineClient(EngineSpec("llama_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        engine.load(str(second_weights), "v2")
+        expected = _texts(engine.generate(prompts, PARAMS, [5]))
+        os.kill(engine.pid, signal.SIGKILL)
+        assert _texts(engine.generate(prompts, PARAMS, [5])) == expected  # restarted from v2's folder
+        assert engine.starts == 2 and engine.health()["version"] == "v2"
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineError, match="engine of agent 'llama_tiny' crashed .* already restarted once"):
+            engine.generate(prompts, PARAMS, [5])
+    finally:
+        engine.close()
+
+
+def test_weights_of_another_architecture_are_refused_and_the_engine_keeps_serving(tiny_model_dir, tmp_path,
+                                                                                   tiny_tokenizer):
+    from mars2.models.tiny import build_tiny_model
+
+    other = build_tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=32, num_layers=1, num_heads=4,
+                             num_kv_heads=4, intermediate_size=64, max_position_embeddings=1024,
+                             pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id, seed=0)
+    other.save_pretrained(tmp_path)
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        with pytest.raises(EngineError, match="lacks weights|does not have"):
+            engine.load(str(tmp_path), "v2")
+        assert engine.version == "v1" and engine.health()["version"] == "v1"
+        assert engine.generate(["hi"], PARAMS, [1])[0]
+    finally:
+        engine.close()
+
+
+def test_no_engine_outlives_its_client_process(tiny_model_dir):
+    """SIGKILL of the process that started the engine (no exit handler runs): the kernel stops the engine."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from mars2.backends.engine import EngineClient, EngineSpec
+        e = EngineClient(EngineSpec("qwen_tiny", {str(tiny_model_dir)!r}, {str(tiny_model_dir)!r}, version="v1"))
+        print(e.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(proc.stdout.readline())
+        os.kill(engine_pid, 0)  # running
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                os.kill(engine_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the engine outlived the process that started it")
+    finally:
+        proc.kill()
