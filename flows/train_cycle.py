@@ -34,6 +34,7 @@ from tasks.bootstrap import needs_bootstrap
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
+from tasks.engines import engine_pool
 from tasks.report import RunReport
 from tasks.stages import bound, check_dispatch
 
@@ -56,45 +57,46 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     owners = {owner_of(m): m for m in members if m.shares_weights_with is None}
     profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
     eval_metrics: dict[str, float] = {}
-    try:
-        dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-        run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
-        agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
-        if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
-            agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
-        weights = {name: agents for name in owners}
-        optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
-        if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
-            report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
-                                       dataset, -1, cfg.data.max_eval_problems), -1, label="eval")
+    with engine_pool(cfg.backend.persistent) as engines:  # one generation engine per weight owner
+        try:
+            dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+            run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
+            agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+            if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
+                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+            weights = {name: agents for name in owners}
+            optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
+            if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
+                report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
+                                           dataset, -1, cfg.data.max_eval_problems), -1, label="eval")
 
-        for cycle in range(cfg.train.cycles):
-            trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
-                                              dataset, cycle, cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
-            verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
-            routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
-                                 cycle)
-            updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
-                                                        routed, cycle, cfg.search.temperature)
-                       for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
-            weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
-            for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
-                optimizer_states[name].append(w.weights_of(name).optimizer_dir)
-                prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
-            if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
-                last = cycle == cfg.train.cycles - 1
-                evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
-                result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, cfg.backend, members,
-                                                    weights, agents, dataset, cycle, cfg.data.max_eval_problems),
-                                     cycle, label="eval")
-                eval_metrics = result.metrics
-            report.cycle_done(cycle)
-        final = {name: model_dir(w, name) for name, w in weights.items()}
-        run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
-    except BaseException:
-        report.finish("FAILED", eval_metrics)
-        raise
-    return report.finish("FINISHED", eval_metrics)
+            for cycle in range(cfg.train.cycles):
+                trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
+                                                  dataset, cycle, cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
+                verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
+                routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
+                                     cycle)
+                updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
+                                                            routed, cycle, cfg.search.temperature)
+                           for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
+                weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
+                for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
+                    optimizer_states[name].append(w.weights_of(name).optimizer_dir)
+                    prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
+                if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
+                    last = cycle == cfg.train.cycles - 1
+                    evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
+                    result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, cfg.backend, members,
+                                                        weights, agents, dataset, cycle, cfg.data.max_eval_problems),
+                                         cycle, label="eval")
+                    eval_metrics = result.metrics
+                report.cycle_done(cycle)
+            final = {name: model_dir(w, name) for name, w in weights.items()}
+            run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
+        except BaseException:
+            report.finish("FAILED", eval_metrics, {"engine_starts": engines.starts})
+            raise
+        return report.finish("FINISHED", eval_metrics, {"engine_starts": engines.starts})
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

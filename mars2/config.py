@@ -242,7 +242,13 @@ class EvalConfig:
 
 @dataclass
 class BackendConfig:
-    """vLLM engine settings of agents with ``backend: vllm`` (``conf/backend/``); transformers agents ignore them."""
+    """Generation engines (``conf/backend/``): vLLM settings of agents with ``backend: vllm``, and whether transformers
+    agents generate in one long-lived engine process per weight owner (``persistent``, mars2/backends/engine.py)."""
+
+    # transformers agents, orchestration=local: one engine process per weight owner for the whole run, new weights
+    # loaded into it in place; false: the model is loaded into each stage's process. Not part of any cache key: with
+    # per-request seeds both sample the same programs.
+    persistent: bool = field(default=True, metadata={"cache_key": False})
 
     gpu_memory_utilization: float = 0.85  # share of each GPU's memory vLLM takes (weights + KV cache)
     tensor_parallel_size: int = 1  # GPUs one engine shards the model over

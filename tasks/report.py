@@ -52,22 +52,25 @@ class RunReport:
         rows = [r for r in self.rows if r["cycle"] == cycle]
         self.run.log(lambda run_id: tracking.log_json(self.cfg, run_id, rows, f"cycle_{cycle}/summary.json"))
 
-    def finish(self, status: str, eval_metrics: dict[str, float]) -> dict:
-        """Log the stage table, close the MLflow run, print the summary; returns it as a dict.
+    def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None) -> dict:
+        """Log the stage table and ``run_metrics`` (e.g. ``engine_starts``), close the MLflow run, print the summary;
+        returns it as a dict.
 
         A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
         table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
         reused = self.run.reused if status == "FINISHED" else None
         if reused is None:
             run_id = self.run.needed()
+            tracking.log_metrics(self.cfg, run_id, run_metrics or {})
             path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{run_id}.parquet", table)
             tracking.log_table(self.cfg, run_id, path, "summary")
             curves = self.eval_curves(run_id)
             if curves is not None:
                 tracking.log_table(self.cfg, run_id, curves)
             tracking.end_run(self.cfg, run_id, status)
-        self._print(table, status, eval_metrics)
+        self._print(table, status, eval_metrics, run_metrics or {})
         return {"run_id": reused or self.run.id, "status": status, "stages": self.rows, "eval": eval_metrics,
+                **(run_metrics or {}),
                 "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
                 "resumed": self.run.resumed}
 
@@ -84,7 +87,8 @@ class RunReport:
         folder.mkdir(parents=True, exist_ok=True)
         return plot_curves(pd.DataFrame(points), folder / "eval_curves.png")
 
-    def _print(self, table: pd.DataFrame, status: str, eval_metrics: dict[str, float]) -> None:
+    def _print(self, table: pd.DataFrame, status: str, eval_metrics: dict[str, float],
+               run_metrics: dict[str, float]) -> None:
         out = Table(title=f"{self.title} — {status}", show_lines=False)
         for col in ("stage", "ran", "cached", "seconds"):
             out.add_column(col, justify="left" if col == "stage" else "right")
@@ -98,6 +102,10 @@ class RunReport:
         if eval_metrics:
             before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
             self.console.print(evaluation_table(eval_metrics, before))
+        if run_metrics.get("engine_starts"):
+            how = "one per weight owner, kept for the run" if self.cfg.backend.persistent else \
+                "a model load per stage and weight owner: backend.persistent=false"
+            self.console.print(f"generation engines started: {run_metrics['engine_starts']} ({how})")
         uri = tracking.tracking_uri(self.cfg)
         if self.run.reused:
             self.console.print("Every stage came from cache: nothing new to log, no new MLflow run.")

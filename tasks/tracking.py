@@ -302,6 +302,15 @@ def cycle_folder(cycle: int) -> str:
     return f"cycle_{cycle}" if cycle >= 0 else "before"
 
 
+def log_metrics(cfg: RunConfig, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """Run-level figures (``engine_starts``): one value each."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    if metrics:
+        _client(tracking_uri(cfg)).log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+
 def log_json(cfg: RunConfig, run_id: str, obj: Any, artifact_file: str) -> None:
     _client(tracking_uri(cfg)).log_dict(run_id, obj, artifact_file)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
+from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
+from tasks.engines import EnginePool, current_pool
 from tasks.stage import AgentWeights, StageRecord
 
 
@@ -29,6 +31,16 @@ def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: S
     Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
     check_machine([member], stage="rollout/evaluation")
     owner = owner_of(member)
+    pool = current_pool()
+    backend, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, engine=engine,
+                                 progress=progress, pool=pool)
+    if pool is not None and not isinstance(backend, EngineClient):
+        pool.count(backend)
+    return backend, tok
+
+
+def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
+                  batch_size: int, engine: BackendConfig | None, progress: bool, pool: EnginePool | None):
     if member.backend == "vllm":
         from transformers import AutoTokenizer
 
@@ -40,6 +52,13 @@ def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: S
         return VLLMBackend(vllm_engine_args(folder, member, engine or BackendConfig()),
                            python=os.environ.get("MARS2_VLLM_PYTHON", "python"),
                            stop_token_ids=end_token_ids(generation_config_eos(folder), tok.eos_token_id)), tok
+    if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
+        from transformers import AutoTokenizer
+
+        folder = model_dir(weights[owner], owner)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
+        return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
+                           dtype=member.dtype, batch_size=batch_size), tok
     from mars2.backends.transformers_backend import load_transformers_backend
 
     return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner), device=member.device,

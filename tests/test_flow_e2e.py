@@ -156,6 +156,8 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     assert {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"} == {"train", "eval"}
     steps = _mlflow(home, "select step from metrics where run_uuid=? and key='eval/qwen_tiny/pass_at_1'", run_id)
     assert sorted(s for (s,) in steps) == [-1, 0, 1]  # -1: the starting weights (eval.before)
+    starts = _mlflow(home, "select value from metrics where run_uuid=? and key='engine_starts'", run_id)
+    assert starts and all(v <= 2 for (v,) in starts)  # one engine per weight owner per attempt, reused by every stage
     data = _mlflow(home, "select step from metrics where run_uuid=? and key='data/seconds'", run_id)
     assert data == [(0,)]  # logged by the failed attempt, not again by the resumed one (it came from cache)
     keys = {k for (k,) in _mlflow(home, "select distinct key from metrics where run_uuid=?", run_id)}

@@ -17,6 +17,7 @@ class TransformersBackend:
         self.uses_host_cpu = str(device).startswith("cpu")  # see tree_search.grading_overlaps_generation
         self.batch_size = batch_size
         self.progress = progress
+        self.starts = 1  # a model loaded into this process: one engine start
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"

@@ -100,6 +100,7 @@ class VLLMBackend:
         self.python = python
         self.timeout_s = timeout_s
         self.stop_token_ids = stop_token_ids
+        self.starts = 0  # engine processes started (one per replica per call): the cold starts of this backend
 
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
@@ -117,6 +118,7 @@ class VLLMBackend:
                 req.write_text(json.dumps(build_request([prompts[i] for i in shard], params, self.engine,
                                                         self.stop_token_ids, [seeds[i] for i in shard])))
                 env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]}
+                self.starts += 1
                 workers.append((shard, resp, subprocess.Popen(
                     [self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)], env=env,
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
