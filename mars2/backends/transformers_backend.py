@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mars2.backends.base import Generation, SamplingParams, end_token_ids, prompt_seeds, request_seed
 
 
@@ -48,8 +50,8 @@ class TransformersBackend:
         return out  # type: ignore[return-value]
 
     def generate_batch(self, prompts: list[str], params: SamplingParams, seeds: list[int]) -> list[Generation]:
-        """One left-padded batch, decoded token by token with a KV cache; row b samples with its own
-        ``torch.Generator`` seeded ``seeds[b]``.
+        """One left-padded batch, decoded token by token with a KV cache; row b's t-th draw uses the uniform
+        ``row_uniforms(seeds, t)[b]``, a function of its seed and t only.
 
         Per step, with logits z ∈ R^{B×V}: greedy (T = 0) takes argmax z and reports log softmax(z); sampling
         draws from π = top_p(softmax(z / T)) (renormalised) and reports log π of the drawn token — the processed
@@ -60,17 +62,17 @@ class TransformersBackend:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         ids, mask = enc["input_ids"], enc["attention_mask"]
-        generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
+        row_seeds = np.asarray([int(s) for s in seeds], dtype=np.uint64)
         stop = torch.tensor(self.stop_ids, device=self.device)
         finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
         step_ids, positions, cache = ids, (mask.long().cumsum(-1) - 1).clamp(min=0), None
         tokens, logprobs = [], []
         with torch.no_grad():
-            for _ in range(params.max_new_tokens):
+            for step in range(params.max_new_tokens):
                 out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
                                  past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
-                token, logprob = next_tokens(out.logits[:, -1, :].float(), params, generators)
+                token, logprob = next_tokens(out.logits[:, -1, :].float(), params, row_uniforms(row_seeds, step))
                 token = torch.where(finished, torch.full_like(token, tok.pad_token_id), token)
                 tokens.append(token)
                 logprobs.append(logprob)
@@ -94,8 +96,22 @@ class TransformersBackend:
         return gens
 
 
-def next_tokens(logits, params: SamplingParams, generators) -> tuple:
-    """One decoding step for a batch: logits [B, V] → (tokens [B], their log-probs [B]); see ``generate_batch``."""
+def row_uniforms(seeds, step: int):
+    """u_b = splitmix64(seed_b + (step + 1)·φ) / 2^64 ∈ [0, 1): one uniform per row and step, a pure function of the
+    row's seed and the step (counter-based), so no row's draws depend on the rows beside it; [B] float64."""
+    with np.errstate(over="ignore"):
+        z = seeds + np.uint64(step + 1) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def next_tokens(logits, params: SamplingParams, uniforms) -> tuple:
+    """One decoding step for a batch: logits [B, V], uniforms [B] → (tokens [B], their log-probs [B]).
+
+    Sampling is inverse-CDF: token_b = min{i : Σ_{j≤i} π_b(j) > u_b}, a token of zero probability is never drawn;
+    see ``generate_batch`` for π."""
     import torch
 
     if params.temperature <= 0:
@@ -109,8 +125,9 @@ def next_tokens(logits, params: SamplingParams, generators) -> tuple:
         drop = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp() >= params.top_p
         logp = logp.scatter(-1, index, sorted_lp.masked_fill(drop, float("-inf")))
         logp = torch.log_softmax(logp, dim=-1)
-    probs = logp.exp()
-    token = torch.stack([torch.multinomial(probs[b], 1, generator=g)[0] for b, g in enumerate(generators)])
+    cdf = logp.double().exp().cumsum(dim=-1)
+    u = torch.as_tensor(uniforms, dtype=torch.float64, device=logits.device)[:, None] * cdf[:, -1:]
+    token = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
     return token, logp.gather(-1, token[:, None])[:, 0]
 
 
