@@ -93,6 +93,8 @@ def main() -> None:
     print(f"tree search : {search_tokens:7d} tokens in {search_s:6.2f} s = {search_tps:8.1f} tok/s (incl. public-test grading)")
     print(f"raw backend : {raw_tokens:7d} tokens in {raw_s:6.2f} s = {raw_tps:8.1f} tok/s (one generate call per agent)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}")
+    starts = sum(getattr(r.backend, "starts", 1) for r in {id(r.backend): r for r in agents.values()}.values())
+    print(f"engine starts: {starts} (one backend per agent, kept for every search and raw run)")
 
 
 if __name__ == "__main__":
