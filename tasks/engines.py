@@ -1,7 +1,7 @@
 """The run's generation engines: one per weight owner, kept across waves, stages and cycles of a flow run.
 
 A flow opens :func:`engine_pool` around its stages; :func:`tasks.weights.load_backend` then hands out the owner's
-engine, loading the stage's weights into it in place (the weights record's key is the version), instead of a
+engine, loading the stage's weights into it in place (the model folder, content-addressed, is the version), instead of a
 fresh backend. ``engine_starts`` counts every engine (or in-process model load, or vLLM worker) started during the
 run: the figure a GPU cluster pays for in minutes per start. Without an open pool (a stage on a pool worker, a
 test calling a stage) every backend is loaded fresh, as before.
@@ -42,7 +42,7 @@ class EnginePool:
 
     @property
     def starts(self) -> int:
-        return sum(getattr(b, "starts", 1) for b in {id(b): b for b in self.handed_out}.values())
+        return sum(getattr(b, "starts", 1) for b in self.handed_out)
 
     def close(self) -> None:
         for engine in self.engines.values():

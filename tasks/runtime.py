@@ -72,6 +72,8 @@ def start_temporary_server() -> None:
     import socket
     import subprocess
 
+    from mars2.backends.engine import die_with_parent
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -80,18 +82,9 @@ def start_temporary_server() -> None:
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
                                  "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=_die_with_parent)
+                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=die_with_parent)
     _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", log=log)
     atexit.register(stop_temporary_server)
-
-
-def _die_with_parent() -> None:
-    """In the server's process, before exec: SIGTERM it when its parent dies (Linux; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def temporary_server_url(timeout_s: float = 120.0) -> str | None:

@@ -49,7 +49,9 @@ class EngineSpec:
     batch_size: int = 32
 
 
-def _die_with_parent() -> None:  # runs in the engine's process before exec
+def die_with_parent() -> None:
+    """``preexec_fn`` of a child process bound to its parent: the kernel sends it SIGTERM when the parent dies, even
+    by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; elsewhere a no-op)."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -92,7 +94,7 @@ class EngineClient:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "mars2.backends.engine_server", address, self.spec.model_dir,
              self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype, str(self.spec.batch_size)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s

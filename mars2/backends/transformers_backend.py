@@ -28,8 +28,8 @@ class TransformersBackend:
 
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
-        """``params.n`` generations per prompt; sample j of prompt i draws from its own generator, seeded with
-        ``request_seed(seeds[i], j)``, so what it samples depends on its prompt and seed, not on its batch."""
+        """``params.n`` generations per prompt; sample j of prompt i is decoded with the seed ``request_seed(seeds[i],
+        j)`` (see :meth:`generate_batch`), so what it samples depends on its prompt and seed, not on its batch."""
         from tqdm.auto import tqdm
 
         seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
