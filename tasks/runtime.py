@@ -101,7 +101,8 @@ def temporary_server_url(timeout_s: float = 120.0) -> str | None:
     if PREFECT_API_URL.value():
         stop_temporary_server()
         return None
-    deadline = time.monotonic() + float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", timeout_s))
+    limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", timeout_s))
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = "\n".join(_server["log"].read_text(errors="replace").splitlines()[-15:])
@@ -115,7 +116,7 @@ def temporary_server_url(timeout_s: float = 120.0) -> str | None:
             pass
         time.sleep(0.1)
     stop_temporary_server()
-    raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s "
+    raise RuntimeError(f"Prefect's temporary server did not answer within {limit:.0f} s "
                        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
 
 
