@@ -1,45 +1,65 @@
-"""Rollout throughput: the batched multi-agent tree search vs the raw backend on the same prompts.
+"""Rollout throughput: the asynchronous multi-agent tree search vs the raw engines on the same requests.
 
-    python bench/rollout.py [--problems 64] [--max-nodes 8] [--max-new-tokens 64] [--device cpu] [--repeats 3]
+    python bench/rollout.py [--problems 128] [--max-nodes 8] [--max-new-tokens 64] [--batch-size 64]
+                            [--engine process|inprocess] [--expansions-per-wave 1] [--device cpu] [--repeats 3]
 
-(a) ``run_tree_search`` builds one tree per problem with two tiny agents (Qwen2- and Llama-style),
-    grading every node on public tests in the sandbox; (b) each agent's backend generates from exactly the
-    prompts the search sent it, in one ``generate`` call. Prints generated tokens/s of both and the ratio
-    (search / raw); the search pays for waves (one node per tree per wave), prompt building and grading (on a CPU
-    backend in turn with generation, which shares the cores; see ``grading_overlaps_generation``).
+Two tiny agents (Qwen2- and Llama-style), each behind its own continuously batched engine: a persistent engine
+process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
+tree per problem, grading every node on public tests in the sandbox; (b) the same engines get every request the
+search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
+generated tokens/s of both, their ratio (search / raw), and engine starts.
+
+Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
+as (trees asking it) allow: with two agents, ``--problems`` should be about 2 × ``--batch-size`` for the engines to
+be as busy in the search as in the raw run; fewer trees leave rows empty whatever the scheduler does.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def build_agents(device: str, problems):
+def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "inprocess", threads: int = 0):
+    """Two tiny agents; ``engine="process"`` serves each from its own engine process (models saved to a temporary
+    folder first)."""
+    from mars2.backends.engine import EngineClient, EngineSpec
     from mars2.backends.transformers_backend import TransformersBackend
     from mars2.models.tiny import build_tiny_model, train_tokenizer
     from mars2.search.tree_search import AgentRunner
 
     texts = [p.statement for p in problems]
+    folder = tempfile.mkdtemp(prefix="mars2-bench-")
     agents = {}
     for name, arch, seed in (("qwen_tiny", "qwen2", 0), ("llama_tiny", "llama", 1)):
         tok = train_tokenizer(texts * 4, 512)
         model = build_tiny_model(arch, vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                  intermediate_size=128, max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
                                  eos_token_id=tok.eos_token_id, seed=seed)
-        agents[name] = AgentRunner(TransformersBackend(model, tok, device=device, batch_size=64), tok)
+        if engine == "process":
+            path = os.path.join(folder, name)
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+            backend = EngineClient(EngineSpec(name, path, path, version="bench", device=device, batch_size=batch_size,
+                                              threads=threads))
+        else:
+            backend = TransformersBackend(model, tok, device=device, batch_size=batch_size)
+        agents[name] = AgentRunner(backend, tok)
     return agents
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", type=int, default=64)
+    ap.add_argument("--problems", type=int, default=128)
     ap.add_argument("--max-nodes", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=64, help="rows each engine decodes together at most")
+    ap.add_argument("--engine", choices=("process", "inprocess"), default="process")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--expansions-per-wave", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="alternate search and raw runs; report medians")
@@ -48,14 +68,17 @@ def main() -> None:
     import torch
 
     from mars2.backends import SamplingParams
+    from mars2.backends.base import request_seed
     from mars2.data import problem_from_lcb_row, toy_benchmark
     from mars2.sandbox import GradeJob, grade_many
     from mars2.search.ab_mcts import ABMCTSA
     from mars2.search.tree_search import run_tree_search
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // 2)  # two engines side by side
+    torch.set_num_threads(threads)
     problems = [problem_from_lcb_row(r) for r in toy_benchmark(args.problems, 0)]
-    agents = build_agents(args.device, problems)
+    agents = build_agents(args.device, problems, batch_size=args.batch_size, engine=args.engine, threads=threads)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
 
     def grade(jobs):
@@ -71,30 +94,51 @@ def main() -> None:
         return rows, time.perf_counter() - t0
 
     def raw_once(rows):
-        tokens, seconds = 0, 0.0
-        for name, runner in agents.items():
-            prompts = [r["prompt"] for r in rows if r["agent"] == name]
-            t0 = time.perf_counter()
-            out = runner.backend.generate(prompts, sampling)
-            seconds += time.perf_counter() - t0
-            tokens += sum(len(g[0].response_ids) for g in out)
-        return tokens, seconds
+        """Every request of the search known up front: all agents' engines get all their requests at once."""
+        t0 = time.perf_counter()
+        futures = [agents[r["agent"]].backend.submit(r["prompt"], sampling,
+                                                     request_seed(sampling.seed, r["problem_id"], r["node_id"]))
+                   for r in sorted(rows, key=lambda r: len(r["prompt"]))]
+        tokens = sum(len(f.result().response_ids) for f in futures)
+        return tokens, time.perf_counter() - t0
 
-    search_runs, raw_runs = [], []
-    for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
-        rows, s_sec = search_once()
-        search_runs.append((sum(r["response_len"] for r in rows), s_sec))
-        raw_runs.append(raw_once(rows))
+    def counters():
+        """Σ over engines of (decode steps, rows stepped, prefills)."""
+        out = []
+        for runner in agents.values():
+            b = runner.backend
+            c = b.health() if hasattr(b, "health") else vars(b.batcher)
+            out.append((c["steps"], c["rows_stepped"], c["prefills"]))
+        return [sum(x) for x in zip(*out, strict=True)]
+
+    search_runs, raw_runs, batching = [], [], {"search": [0, 0, 0], "raw": [0, 0, 0]}
+    try:
+        for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
+            c0 = counters()
+            rows, s_sec = search_once()
+            c1 = counters()
+            search_runs.append((sum(r["response_len"] for r in rows), s_sec))
+            raw_runs.append(raw_once(rows))
+            c2 = counters()
+            for side, (a, b) in (("search", (c0, c1)), ("raw", (c1, c2))):
+                batching[side] = [t + y - x for t, x, y in zip(batching[side], a, b, strict=True)]
+    finally:
+        starts = sum(getattr(r.backend, "starts", 1) for r in agents.values())
+        for runner in agents.values():
+            getattr(runner.backend, "close", lambda: None)()
     search_tokens, search_s = sorted(search_runs, key=lambda x: x[0] / x[1])[len(search_runs) // 2]
     raw_tokens, raw_s = sorted(raw_runs, key=lambda x: x[0] / x[1])[len(raw_runs) // 2]
     search_tps, raw_tps = search_tokens / search_s, raw_tokens / raw_s
     print(f"problems={args.problems} max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
-          f"threads={torch.get_num_threads()} expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
+          f"engine={args.engine} batch_size={args.batch_size} threads/engine={threads} "
+          f"expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
     print(f"tree search : {search_tokens:7d} tokens in {search_s:6.2f} s = {search_tps:8.1f} tok/s (incl. public-test grading)")
-    print(f"raw backend : {raw_tokens:7d} tokens in {raw_s:6.2f} s = {raw_tps:8.1f} tok/s (one generate call per agent)")
+    print(f"raw engines : {raw_tokens:7d} tokens in {raw_s:6.2f} s = {raw_tps:8.1f} tok/s (every request at once)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}")
-    starts = sum(getattr(r.backend, "starts", 1) for r in {id(r.backend): r for r in agents.values()}.values())
-    print(f"engine starts: {starts} (one backend per agent, kept for every search and raw run)")
+    for side, (steps, rows_stepped, prefills) in batching.items():
+        print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size}, "
+              f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills)")
+    print(f"engine starts: {starts} (one engine per agent, kept for every search and raw run)")
 
 
 if __name__ == "__main__":

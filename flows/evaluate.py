@@ -31,6 +31,7 @@ from tasks.checkpoints import checkpoint_hashes
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
+from tasks.engines import engine_pool
 from tasks.report import RunReport
 from tasks.stages import bound
 
@@ -62,24 +63,25 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     members = cfg.agents.members
     owners = [owner_of(m) for m in members if m.shares_weights_with is None]
     metrics: dict[str, float] = {}
-    try:
-        checkpoints, hashes = checkpoints_of(cfg)
-        dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-        run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
-        agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
-        if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
-            agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
-        weights = agents
-        if checkpoints:
-            weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
-        result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members,
-                                            {o: weights for o in owners}, agents, dataset, 0,
-                                            cfg.data.max_eval_problems), cycle=0, label="eval")
-        metrics = result.metrics
-    except BaseException:
-        report.finish("FAILED", metrics)
-        raise
-    return report.finish("FINISHED", metrics)
+    with engine_pool(cfg.backend.persistent) as engines:  # one generation engine per weight owner
+        try:
+            checkpoints, hashes = checkpoints_of(cfg)
+            dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+            run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
+            agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+            if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
+                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+            weights = agents
+            if checkpoints:
+                weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+            result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members,
+                                                {o: weights for o in owners}, agents, dataset, 0,
+                                                cfg.data.max_eval_problems), cycle=0, label="eval")
+            metrics = result.metrics
+        except BaseException:
+            report.finish("FAILED", metrics, {"engine_starts": engines.starts})
+            raise
+        return report.finish("FINISHED", metrics, {"engine_starts": engines.starts})
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")

@@ -24,12 +24,12 @@ class EnginePool:
         self.handed_out: list = []  # every backend of the run, for engine_starts
 
     def engine(self, owner: str, model_dir: str, tokenizer_dir: str, version: str, *, device: str, dtype: str,
-               batch_size: int) -> EngineClient:
+               batch_size: int, threads: int = 0) -> EngineClient:
         """``owner``'s engine holding ``version`` (started on first use, else loaded in place)."""
         engine = self.engines.get(owner)
         if engine is None:
             engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
-                                             batch_size=batch_size))
+                                             batch_size=batch_size, threads=threads))
             self.engines[owner] = engine
             self.handed_out.append(engine)
         else:

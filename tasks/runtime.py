@@ -72,7 +72,7 @@ def start_temporary_server() -> None:
     import socket
     import subprocess
 
-    from mars2.backends.engine import die_with_parent
+    from mars2.backends.engine import popen_bound
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -80,9 +80,9 @@ def start_temporary_server() -> None:
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     log = Path(os.environ["PREFECT_HOME"]) / "temporary-server.log"  # its shutdown chatter stays off the console
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, preexec_fn=die_with_parent)
+        proc = popen_bound([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", log=log)
     atexit.register(stop_temporary_server)
 

@@ -25,22 +25,24 @@ def tokenizer_dir(record: StageRecord, owner: str) -> str:
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 engine: BackendConfig | None = None, progress: bool = True):
-    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings.
+                 engine: BackendConfig | None = None, progress: bool = True, threads: int = 0):
+    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings;
+    ``threads``: torch threads of a CPU engine process (0: torch's default).
 
     Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
     check_machine([member], stage="rollout/evaluation")
     owner = owner_of(member)
     pool = current_pool()
     backend, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, engine=engine,
-                                 progress=progress, pool=pool)
+                                 progress=progress, pool=pool, threads=threads)
     if pool is not None and not isinstance(backend, EngineClient):
         pool.count(backend)
     return backend, tok
 
 
 def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
-                  batch_size: int, engine: BackendConfig | None, progress: bool, pool: EnginePool | None):
+                  batch_size: int, engine: BackendConfig | None, progress: bool, pool: EnginePool | None,
+                  threads: int):
     if member.backend == "vllm":
         from transformers import AutoTokenizer
 
@@ -58,7 +60,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
         folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
         return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
-                           dtype=member.dtype, batch_size=batch_size), tok
+                           dtype=member.dtype, batch_size=batch_size, threads=threads), tok
     from mars2.backends.transformers_backend import load_transformers_backend
 
     return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner), device=member.device,
@@ -72,12 +74,15 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
 
     loaded: dict[str, tuple] = {}
     runners = {}
+    # the owners' CPU engines generate side by side (the asynchronous search): they share the cores
+    threads = max(1, (os.cpu_count() or 1) // len({owner_of(m) for m in members}))
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
             # no bar per generate call: the stage shows one display for all its waves (tasks/progress.py)
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
-                                         batch_size=batch_size, engine=engine, progress=False)
+                                         batch_size=batch_size, engine=engine, progress=False,
+                                         threads=threads if m.device.startswith("cpu") else 0)
         backend, tok = loaded[owner]
         runners[m.name] = AgentRunner(backend=backend, tokenizer=tok, role_prompt=m.role_prompt,
                                       chat_kwargs=dict(m.chat_template_kwargs))

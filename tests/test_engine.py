@@ -67,6 +67,31 @@ def test_one_engine_serves_every_version_in_place_and_never_answers_with_an_olde
     assert engine.pid is None
 
 
+def test_requests_stream_in_and_a_load_waits_for_the_ones_already_sent(tiny_model_dir, second_weights):
+    """Many requests in flight at once, each answered when it finishes; a load sent while they run waits for them,
+    so every one of them is answered by the version it asked for, and the next ones by the new version."""
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts = _prompts(tok) * 3
+    seeds = [request_seed(1, "q", i) for i in range(len(prompts))]
+    long = SamplingParams(temperature=1.0, max_new_tokens=48, seed=0)
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1",
+                                     batch_size=4))
+    try:
+        futures = [engine.submit(p, long, s) for p, s in zip(prompts, seeds, strict=True)]
+        engine.load(str(second_weights), "v2")
+        assert all(f.done() for f in futures)
+        v1 = [[f.result().response_ids] for f in futures]
+        v2 = [[f.result().response_ids] for f in [engine.submit(p, long, s) for p, s in zip(prompts, seeds, strict=True)]]
+        in_process = {}
+        for name, folder in (("v1", tiny_model_dir), ("v2", second_weights)):
+            backend, _ = load_transformers_backend(str(folder), str(tiny_model_dir))
+            in_process[name] = [[f.result().response_ids] for f in [backend.submit(p, long, s)
+                                                                   for p, s in zip(prompts, seeds, strict=True)]]
+        assert v1 == in_process["v1"] and v2 == in_process["v2"] and v1 != v2
+    finally:
+        engine.close()
+
+
 def test_a_crashed_engine_restarts_once_with_the_latest_weights_then_fails_clearly(tiny_model_dir, second_weights):
     _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
     prompts = _prompts(tok)[:1]

@@ -179,22 +179,74 @@ def test_grading_verdicts_come_from_the_sandbox(runs):
     assert (verdicts["total"] >= 4).all()
 
 
-def test_killed_process_resumes_from_finished_stages(tmp_path):
-    """SIGKILL the whole run once rollout has finished; the rerun reuses every finished stage."""
-    import signal
+def _engines(home: Path) -> list[int]:
+    """Pids of the generation engines serving models under ``home``."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "mars2.backends.engine_server" in cmd and str(home) in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _wait_until(condition, timeout_s: float, what: str) -> None:
     import time
 
-    env = {**os.environ, "MARS2_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    deadline = time.time() + timeout_s
+    while not condition():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def _start_flow(home: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "MARS2_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, "train.cycles=1"], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, *overrides], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not list((tmp_path / "artifacts" / "rollout").glob("*/MANIFEST.json")):
-        assert proc.poll() is None and time.time() < deadline, "run ended before rollout finished"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_run_stopped_mid_rollout_leaves_no_engine(tmp_path, signal_name):
+    """SIGTERM or SIGINT to the flow's process while its engines generate the rollout: the flow stops, and so does
+    every engine it started (none is left holding a model)."""
+    import signal
+
+    proc = _start_flow(tmp_path, "train.cycles=1", "search.max_new_tokens=64")
+    try:
+        _wait_until(lambda: _engines(tmp_path) or proc.poll() is not None, 300, "no engine started")
+        assert proc.poll() is None and not list((tmp_path / "artifacts" / "rollout").glob("*/MANIFEST.json"))
+        engines = _engines(tmp_path)
+        os.kill(proc.pid, getattr(signal, signal_name))
+        proc.wait(timeout=60)
+        _wait_until(lambda: not _engines(tmp_path), 20, f"engines {engines} outlived the run")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_killed_process_resumes_from_finished_stages(tmp_path):
+    """SIGKILL of the flow's process once rollout has finished: no engine outlives it (the kernel stops them), and
+    the rerun reuses every finished stage."""
+    import signal
+
+    proc = _start_flow(tmp_path, "train.cycles=1")
+    _wait_until(lambda: list((tmp_path / "artifacts" / "rollout").glob("*/MANIFEST.json")) or proc.poll() is not None,
+                300, "rollout did not finish")
+    assert proc.poll() is None, "run ended before it could be killed"
+    assert _engines(tmp_path)  # kept for the run's evaluation
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    _wait_until(lambda: not _engines(tmp_path), 20, "an engine outlived the killed run")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the run is left (the sandbox's workers)
+    except ProcessLookupError:
+        pass
     finished = {p.parent.parent.name for p in (tmp_path / "artifacts").glob("*/*/MANIFEST.json")}
     assert {"data", "agents", "rollout"} <= finished
 

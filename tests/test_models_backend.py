@@ -114,15 +114,14 @@ def test_the_sampler_draws_from_the_tempered_top_p_distribution():
     import numpy as np
 
     from mars2.backends.base import request_seed
-    from mars2.backends.transformers_backend import next_tokens, row_uniforms
+    from mars2.backends.sampler import next_tokens, row_uniforms
 
     z = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20_000, 1)
     seeds = np.asarray([request_seed(0, i) for i in range(len(z))], dtype=np.uint64)
     for temperature, top_p, expected in ((1.0, 1.0, torch.softmax(z[0], -1)),
                                          (0.5, 1.0, torch.softmax(z[0] / 0.5, -1)),
                                          (1.0, 0.8, torch.softmax(z[0, :2], -1).tolist() + [0.0, 0.0])):
-        params = SamplingParams(temperature=temperature, top_p=top_p)
-        token, logprob = next_tokens(z, params, row_uniforms(seeds, step=3))
+        token, logprob = next_tokens(z, temperature, top_p, row_uniforms(seeds, 3))
         freq = torch.bincount(token, minlength=4).double() / len(z)
         assert torch.allclose(freq, torch.as_tensor(expected, dtype=torch.float64), atol=0.015), (freq, expected)
         assert torch.allclose(logprob.exp(), torch.as_tensor(expected)[token].float(), atol=1e-5)

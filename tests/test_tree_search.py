@@ -1,5 +1,6 @@
 """Batched multi-tree search with real tiny models and the real sandbox grader."""
 
+import threading
 import time
 
 import pandas as pd
@@ -119,41 +120,65 @@ def test_several_expansions_per_wave_halve_the_waves(setup):
     assert (nodes[nodes["wave"] == 0]["parent"] == -1).all()  # the first wave can only generate at the root
 
 
-class TimedBackend:
-    """Records when each generate call ran; ``uses_host_cpu`` says where it pretends to generate."""
+def same_trees(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """Node for node the same trees and texts; log-probs equal up to float rounding (a row's arithmetic may be
+    batched differently)."""
+    pd.testing.assert_frame_equal(a.drop(columns="logprobs").reset_index(drop=True),
+                                  b.drop(columns="logprobs").reset_index(drop=True))
+    for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+        assert x == pytest.approx(y, abs=1e-4)
 
-    def __init__(self, inner, log, uses_host_cpu):
-        self.inner, self.log, self.uses_host_cpu = inner, log, uses_host_cpu
 
-    def generate(self, prompts, params, seeds=None):
-        t0 = time.perf_counter()
-        out = self.inner.generate(prompts, params, seeds)
-        time.sleep(0.05)
-        self.log.append(("generate", t0, time.perf_counter()))
+def test_a_streaming_engine_builds_the_trees_that_one_call_per_wave_builds(setup):
+    """The asynchronous search (requests submitted one by one as trees ask, continuously batched) and the wave
+    schedule of a backend without ``submit`` (one generate call per agent whenever nothing else is in flight) build
+    the same trees: a tree's history depends on its seeds, not on timing."""
+    problems, agents, rows, _, grade = setup
+    streaming = {n: AgentRunner(a.backend.inner, a.tokenizer, a.role_prompt) for n, a in agents.items()}
+    again = run_tree_search(problems, streaming, policy=ABMCTSA(), max_nodes=4,
+                            sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1), grade=grade, seed=0)
+    same_trees(pd.DataFrame(again), pd.DataFrame(rows))
+
+
+class HeldBack:
+    """A streaming backend that holds back the answers to prompts containing ``marker`` until ``fast_needed`` other
+    answers have been given (or 60 s have passed: what a wave barrier would cause), and logs every answer."""
+
+    def __init__(self, inner, marker, fast_needed, log):
+        self.inner, self.marker, self.fast_needed, self.log = inner, marker, fast_needed, log
+        self.release = threading.Event()
+
+    def submit(self, prompt, params, seed):
+        from concurrent.futures import Future
+
+        slow = self.marker in prompt
+        out = Future()
+
+        def deliver(f):
+            if slow:
+                self.release.wait(timeout=60)
+            self.log.append(("slow" if slow else "fast", time.perf_counter()))
+            if sum(kind == "fast" for kind, _ in self.log) >= self.fast_needed:
+                self.release.set()
+            out.set_result(f.result())
+
+        self.inner.submit(prompt, params, seed).add_done_callback(
+            lambda f: threading.Thread(target=deliver, args=(f,)).start())
         return out
 
 
-@pytest.mark.parametrize("host_cpu", [True, False])
-def test_grading_overlaps_generation_only_off_the_host_cpu(setup, host_cpu):
+def test_no_tree_waits_for_another(setup):
+    """No wave barrier: while one tree's first generation is held back, the other trees ask, generate, are graded
+    and finish all their nodes; the held-back tree then finishes with the same nodes as without the delay."""
     problems, agents, rows, _, grade = setup
     log = []
-
-    def timed_grade(jobs):
-        t0 = time.perf_counter()
-        out = grade(jobs)
-        time.sleep(0.05)
-        log.append(("grade", t0, time.perf_counter()))
-        return out
-
-    timed = {n: AgentRunner(TimedBackend(a.backend, log, host_cpu), a.tokenizer, a.role_prompt)
-             for n, a in agents.items()}
-    again = run_tree_search(problems, timed, policy=ABMCTSA(), max_nodes=4,
-                            sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1), grade=timed_grade, seed=0)
-    assert pd.DataFrame(again).equals(pd.DataFrame(rows))  # the same trees either way
-    gens = [(a, b) for kind, a, b in log if kind == "generate"]
-    grades = [(a, b) for kind, a, b in log if kind == "grade"]
-    overlapping = sum(1 for g0, g1 in grades for s0, s1 in gens if g0 < s1 and s0 < g1)
-    assert (overlapping == 0) if host_cpu else (overlapping > 0)
+    held = HeldBack(agents["a"].backend.inner, problems[0].statement[:40], 4 * (len(problems) - 1), log)
+    slow = {n: AgentRunner(held, a.tokenizer, a.role_prompt) for n, a in agents.items()}
+    again = pd.DataFrame(run_tree_search(problems, slow, policy=ABMCTSA(), max_nodes=4, grade=grade, seed=0,
+                                         sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1)))
+    kinds = [kind for kind, _ in sorted(log, key=lambda x: x[1])]
+    assert kinds == ["fast"] * (4 * (len(problems) - 1)) + ["slow"] * 4  # the other trees finished first
+    same_trees(again, pd.DataFrame(rows))
 
 
 def test_progress_counts_every_node_and_program_up_to_the_total(setup):
@@ -166,7 +191,8 @@ def test_progress_counts_every_node_and_program_up_to_the_total(setup):
     rows = run_tree_search(problems, agents, policy=ABMCTSA(), max_nodes=3, grade=grade, seed=0,
                            sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=3),
                            progress=lambda done, total: seen.append((done, total)))
-    assert seen == [(len(problems) * w, 3 * len(problems)) for w in (1, 2, 3)] and len(rows) == 3 * len(problems)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and {t for _, t in seen} == {3 * len(problems)}
+    assert seen[-1] == (3 * len(problems), 3 * len(problems)) and len(rows) == 3 * len(problems)
 
     seen.clear()
     evaluation = EvalConfig(n_samples=2, max_nodes=2, tree=True, tplus=[False], per_agent_trees=True,

@@ -3,33 +3,44 @@
 The engine is a process that loads an agent's model once and then serves generation requests; after an update it
 loads the new weights *in place* (same process, same memory), tagged with a version. Every request names the
 version it wants, and an engine holding another version refuses it: a request for version V is never answered by
-V−1. The protocol (pickled tuples over an authenticated ``multiprocessing.connection`` socket):
+V−1. The protocol (pickled tuples over an authenticated ``multiprocessing.connection`` socket; every message carries
+an id, every answer names the id it answers, and answers come back in the order requests finish):
 
-    ("generate", version, prompts, sampling_params_dict, seeds) → ("ok", [[Generation, ...] per prompt])
-    ("load", model_dir, version)                                → ("ok", version)
-    ("health",)                                                 → ("ok", {"version", "pid", "model_dir"})
-    ("shutdown",)                                               → ("ok", None), then the process exits
-    any request that fails                                      → ("error", message)
+    (id, "sample", version, prompt, sampling_params_dict, sample_seed) → (id, "ok", Generation)
+    (id, "load", model_dir, version)                                   → (id, "ok", version)
+    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "steps", "rows_stepped", "prefills"})
+    (id, "shutdown")                                                   → (id, "ok", None), then the process exits
+    any request that fails                                             → (id, "error", message)
+
+A "sample" request joins the engine's running batch at its next decode step (continuous batching,
+:mod:`mars2.backends.continuous`), so many requests are in flight at once and each is answered when it finishes.
+A "load" waits until no request is waiting or running, then copies the new weights in; a request that names
+another version than the engine holds is refused.
 
 :class:`EngineClient` implements :class:`~mars2.backends.base.GenerationBackend` (``generate(prompts, params,
-seeds)``), so the search uses it like an in-process backend. It starts the engine (``python -m
-mars2.backends.engine_server``: transformers, CPU or one GPU), restarts it once if it crashes (with the latest
-weights; a second crash is an :class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and
-— through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine outlives its run.
+seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation]`` the tree search uses. It starts
+the engine (``python -m mars2.backends.engine_server``: transformers, CPU or one GPU), restarts it once if it
+crashes (with the latest weights, sending again every request not yet answered; a second crash is an
+:class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG``
+— when the client's process dies, so no engine outlives its run.
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mars2.backends.base import Generation, SamplingParams, prompt_seeds
+from mars2.backends.base import Generation, SamplingParams, prompt_seeds, request_seed
 
 
 class EngineError(RuntimeError):
@@ -47,11 +58,13 @@ class EngineSpec:
     device: str = "cpu"
     dtype: str = "float32"
     batch_size: int = 32
+    threads: int = 0  # torch's intra-op threads in the engine (CPU); 0: torch's default
 
 
 def die_with_parent() -> None:
     """``preexec_fn`` of a child process bound to its parent: the kernel sends it SIGTERM when the parent dies, even
-    by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; elsewhere a no-op)."""
+    by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; elsewhere a no-op). The kernel watches the *thread* that forked the
+    child, so start such children with :func:`popen_bound`."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -59,22 +72,53 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+_spawns: queue.SimpleQueue = queue.SimpleQueue()
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def popen_bound(args: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)`` forked from one thread that lives as long as
+    the process: a child forked from a short-lived thread (a reader restarting a crashed engine, a task runner's
+    worker) would get its SIGTERM when that thread ends, not when the process dies."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = threading.Thread(target=_spawn_forever, name="mars2-spawner", daemon=True)
+            _spawner.start()
+    done: Future = Future()
+    _spawns.put((args, kwargs, done))
+    return done.result()
+
+
+def _spawn_forever() -> None:
+    while True:
+        args, kwargs, done = _spawns.get()
+        try:
+            done.set_result(subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs))
+        except BaseException as e:
+            done.set_exception(e)
+
+
 class EngineClient:
     """The client side of one engine (see the module docstring); ``starts`` counts engine processes started."""
 
-    uses_host_cpu: bool
-
     def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1):
         self.spec = spec
-        self.uses_host_cpu = spec.device.startswith("cpu")  # see tree_search.grading_overlaps_generation
         self.start_timeout_s = start_timeout_s
         self.restarts_left = restarts
         self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._conn = None
+        self._lock = threading.RLock()  # the connection, the pending table, restarts
+        self._pending: dict[int, tuple[tuple, Future]] = {}
+        self._ids = itertools.count()
+        self._failed: EngineError | None = None
+        self._closing = False
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))
         self._authkey = os.urandom(16)
-        self._start()
+        with self._lock:
+            self._start()
         atexit.register(self.close)
 
     @property
@@ -91,10 +135,11 @@ class EngineClient:
         address = str(self._folder / f"engine-{self.starts}.sock")
         env = {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()}
         log = open(self._folder / "engine.log", "ab")  # noqa: SIM115 - the engine's process owns it
-        self._proc = subprocess.Popen(
+        self._proc = popen_bound(
             [sys.executable, "-m", "mars2.backends.engine_server", address, self.spec.model_dir,
-             self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype, str(self.spec.batch_size)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
+             self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype, str(self.spec.batch_size),
+             str(self.spec.threads)],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s
@@ -105,76 +150,122 @@ class EngineClient:
             if os.path.exists(address):
                 try:
                     self._conn = Client(address, family="AF_UNIX", authkey=self._authkey)
-                    return
+                    break
                 except (ConnectionRefusedError, FileNotFoundError):
                     pass
             if time.monotonic() > deadline:
                 self._kill()
                 raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in {self.start_timeout_s:.0f} s")
             time.sleep(0.05)
+        threading.Thread(target=self._read, args=(self._conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
 
     def _log_tail(self, lines: int = 15) -> str:
         path = self._folder / "engine.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def _call(self, message: tuple):
-        """Send one request and return its answer; a dead engine is restarted once (with the latest weights) and
-        the request sent again."""
-        for attempt in range(2):
+    def _send(self, *message) -> Future:
+        """Send one request; its answer resolves the returned future (an error answer: :class:`EngineError`)."""
+        future: Future = Future()
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            request_id = next(self._ids)
+            self._pending[request_id] = (message, future)
             try:
-                self._conn.send(message)
-                status, value = self._conn.recv()
-            except (EOFError, OSError) as e:
-                self._kill()
-                if attempt == 1 or self.restarts_left <= 0:
-                    raise EngineError(f"the engine of agent {self.spec.agent!r} crashed ({type(e).__name__}) and "
-                                      f"was already restarted once; its log: {self._folder / 'engine.log'}\n"
-                                      f"{self._log_tail()}") from None
-                self.restarts_left -= 1
-                self._start()
+                self._conn.send((request_id, *message))
+            except OSError:
+                pass  # the reader sees the engine gone and sends it again after the restart
+        return future
+
+    def _read(self, conn) -> None:
+        """Resolve each answer's future; when the connection breaks, restart the engine once (or fail)."""
+        while True:
+            try:
+                request_id, status, value = conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                _, future = self._pending.pop(request_id, (None, None))
+            if future is None:
                 continue
-            if status != "ok":
-                raise EngineError(f"the engine of agent {self.spec.agent!r}: {value}")
-            return value
-        raise AssertionError("unreachable")
+            if status == "ok":
+                future.set_result(value)
+            else:
+                future.set_exception(EngineError(f"the engine of agent {self.spec.agent!r}: {value}"))
+        with self._lock:
+            if self._closing or conn is not self._conn:
+                return
+            self._kill()
+            if self.restarts_left <= 0:
+                self._fail(EngineError(f"the engine of agent {self.spec.agent!r} crashed and was already restarted "
+                                       f"once; its log: {self._folder / 'engine.log'}\n{self._log_tail()}"))
+                return
+            self.restarts_left -= 1
+            try:
+                self._start()  # from the latest weights (self.spec)
+            except EngineError as e:
+                self._fail(e)
+                return
+            for request_id, (message, _) in sorted(self._pending.items()):
+                self._conn.send((request_id, *message))
+
+    def _fail(self, error: EngineError) -> None:
+        self._failed = error
+        pending, self._pending = self._pending, {}
+        for _, future in pending.values():
+            future.set_exception(error)
+
+    def _call(self, *message):
+        return self._send(*message).result()
+
+    def submit(self, prompt: str, params: SamplingParams, seed: int) -> Future:
+        """One request → ``Future[Generation]``: the first of ``generate([prompt], params, [seed])``'s samples."""
+        return self._send("sample", self.spec.version, prompt, asdict(params), request_seed(seed, 0))
 
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
-        """Generations of the engine's current version (``self.version``) for each prompt, one seed per prompt."""
+        """Generations of the engine's current version (``self.version``) for each prompt: sample j of prompt i is
+        the request seeded ``request_seed(seeds[i], j)``, as in-process."""
         seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
-        return self._call(("generate", self.spec.version, list(prompts), asdict(params), seeds))
+        futures = [[self._send("sample", self.spec.version, p, asdict(params), request_seed(s, j))
+                    for j in range(params.n)] for p, s in zip(prompts, seeds, strict=True)]
+        return [[f.result() for f in row] for row in futures]
 
     def load(self, model_dir: str, version: str) -> None:
-        """Load ``model_dir``'s weights into the running engine, in place, as ``version``; the next requests ask
-        for that version. A restart after a crash starts from this folder."""
+        """Load ``model_dir``'s weights into the running engine, in place, as ``version``, once every request sent
+        before has been answered; the next requests ask for that version. A restart after a crash starts from this
+        folder."""
         if version == self.spec.version:
             return
-        self._call(("load", str(model_dir), version))
+        self._call("load", str(model_dir), version)
         from dataclasses import replace
 
         self.spec = replace(self.spec, model_dir=str(model_dir), version=version)
 
     def health(self) -> dict:
-        return self._call(("health",))
+        return self._call("health")
 
     def _kill(self) -> None:
         if self._conn is not None:
             self._conn.close()
-            self._conn = None
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
 
     def close(self) -> None:
         """Stop the engine (politely, then by force); idempotent."""
-        if self._proc is None:
-            return
-        if self._proc.poll() is None and self._conn is not None:
+        with self._lock:
+            if self._proc is None:
+                return
+            self._closing = True
+            proc = self._proc
+        if proc.poll() is None and self._failed is None:
             try:
-                self._conn.send(("shutdown",))
-                self._conn.recv()
-                self._proc.wait(timeout=10)
-            except (EOFError, OSError, subprocess.TimeoutExpired):
+                self._send("shutdown").result(timeout=10)
+                proc.wait(timeout=10)
+            except (EngineError, OSError, TimeoutError, subprocess.TimeoutExpired):
                 pass
-        self._kill()
-        self._proc = None
+        with self._lock:
+            self._kill()
+            self._proc = None
+            self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))

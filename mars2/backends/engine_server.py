@@ -1,10 +1,11 @@
 """The transformers engine's process: ``python -m mars2.backends.engine_server ADDRESS MODEL TOKENIZER VERSION DEVICE
-DTYPE BATCH_SIZE`` (started by :class:`mars2.backends.engine.EngineClient`; protocol in that module).
+DTYPE BATCH_SIZE [THREADS]`` (started by :class:`mars2.backends.engine.EngineClient`; protocol in that module).
 
-It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), serves
-each connection in its own thread (one request at a time on the model), and replaces the weights in place on
-``load``: the parameters' tensors are copied into, not re-allocated, so the process keeps its memory and its
-model object across versions.
+It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), reads
+each connection in its own thread and queues every "sample" request into one continuous batch (the backend's
+:class:`~mars2.backends.continuous.ContinuousBatcher`), answering each when it finishes. On ``load`` it waits for
+the batch to drain and replaces the weights in place: the parameters' tensors are copied into, not re-allocated,
+so the process keeps its memory and its model object across versions.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -21,6 +22,7 @@ class EngineState:
     backend: object
     model_dir: str
     version: str
+    lock: threading.RLock = field(default_factory=threading.RLock)  # versions change only between requests
 
 
 def load_weights_in_place(model, model_dir: str) -> None:
@@ -54,59 +56,80 @@ def load_weights_in_place(model, model_dir: str) -> None:
             target.copy_(tensor.to(dtype=target.dtype, device=target.device))
 
 
-def handle(state: EngineState, lock: threading.Lock, message: tuple):
-    """One request → ("ok", value) or ("error", message)."""
+def handle(state: EngineState, message: tuple, reply) -> None:
+    """One request; ``reply(status, value)`` answers it now or, for a sample, when it finishes."""
     from mars2.backends.base import SamplingParams
 
     kind = message[0]
     try:
-        if kind == "generate":
-            _, version, prompts, params, seeds = message
-            with lock:
+        if kind == "sample":
+            _, version, prompt, params, seed = message
+            with state.lock:  # the check and the queueing happen before any later load
                 if version != state.version:
-                    return "error", f"it holds weights version {state.version!r}, the request wants {version!r}"
-                return "ok", state.backend.generate(prompts, SamplingParams(**params), seeds)
-        if kind == "load":
+                    reply("error", f"it holds weights version {state.version!r}, the request wants {version!r}")
+                    return
+                future = state.backend.submit_samples([(prompt, seed)], SamplingParams(**params))[0]
+            future.add_done_callback(lambda f: reply("ok", f.result()) if f.exception() is None
+                                     else reply("error", f"{type(f.exception()).__name__}: {f.exception()}"))
+        elif kind == "load":
             _, model_dir, version = message
-            with lock:
+            with state.lock, state.backend.batcher.drained():
                 load_weights_in_place(state.backend.model, model_dir)
                 state.model_dir, state.version = model_dir, version
-            return "ok", version
-        if kind == "health":
-            return "ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir}
-        return "error", f"unknown request {kind!r}"
+            reply("ok", version)
+        elif kind == "health":
+            batcher = state.backend.batcher
+            reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir,
+                         "steps": batcher.steps, "rows_stepped": batcher.rows_stepped, "prefills": batcher.prefills})
+        else:
+            reply("error", f"unknown request {kind!r}")
     except Exception as e:  # the engine stays up; the client raises with this message
-        return "error", f"{type(e).__name__}: {e}"
+        reply("error", f"{type(e).__name__}: {e}")
 
 
-def serve(conn, state: EngineState, lock: threading.Lock, stop: threading.Event) -> None:
+def serve(conn, state: EngineState) -> None:
+    send_lock = threading.Lock()  # answers come from this thread and from the decode thread
+
+    def answer(request_id: int):
+        def reply(status: str, value) -> None:
+            with send_lock:
+                try:
+                    conn.send((request_id, status, value))
+                except OSError:
+                    pass  # the client is gone
+
+        return reply
+
     with conn:
-        while not stop.is_set():
+        while True:
             try:
-                message = conn.recv()
+                request_id, *message = conn.recv()
             except (EOFError, OSError):
                 return
             if message[0] == "shutdown":
-                conn.send(("ok", None))
-                stop.set()
+                answer(request_id)("ok", None)
                 os._exit(0)  # the listener's accept() does not wake up on its own
-            conn.send(handle(state, lock, message))
+            handle(state, tuple(message), answer(request_id))
 
 
 def main(address: str, model_dir: str, tokenizer_dir: str, version: str, device: str, dtype: str,
-         batch_size: str) -> None:
+         batch_size: str, threads: str = "0") -> None:
     from multiprocessing.connection import Listener
+
+    import torch
 
     from mars2.backends.transformers_backend import load_transformers_backend
 
+    if int(threads) > 0:
+        torch.set_num_threads(int(threads))
     backend, _ = load_transformers_backend(model_dir, tokenizer_dir, device=device, dtype=dtype,
                                            batch_size=int(batch_size))
-    state, lock, stop = EngineState(backend, model_dir, version), threading.Lock(), threading.Event()
+    state = EngineState(backend, model_dir, version)
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
-        while not stop.is_set():
+        while True:
             conn = listener.accept()
-            threading.Thread(target=serve, args=(conn, state, lock, stop), daemon=True).start()
+            threading.Thread(target=serve, args=(conn, state), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
-"""Many AB-MCTS-A trees advancing together, with each agent's expansions batched across trees.
+"""Many AB-MCTS-A trees searched at once, asynchronously: no tree waits for another.
 
-One *wave* asks every unfinished tree for one expansion, sends each agent all of its prompts in one
-backend call, grades the new programs on the public tests (the search signal; hidden tests are never
-shown to the search) while the next agent generates, then tells every tree its node's score. No tree
-waits on another tree for longer than one wave.
+Each tree asks for its next expansion as soon as its previous node is scored: ask (policy) → prompt → the agent's
+engine (``backend.submit``) → public-test grading in the sandbox pool → tell → ask again. Every agent's engine
+batches whatever requests are in flight (continuous batching), so all owners generate at the same time and
+grading overlaps generation. The only ordering is within a tree, so with per-request seeds
+(``request_seed(run seed, problem, node index)``) a tree's history does not depend on timing or on the other trees.
 
-Grading runs in the sandbox pool on the host's cores, so it overlaps generation only when no agent generates
-on those cores (GPU, vLLM): beside a CPU backend the two only contend.
+``expansions_per_wave`` = k asks k expansions of a tree before telling their scores (TreeQuest's ``ask_batch``):
+k = 1 is sequential AB-MCTS-A. A backend without ``submit`` (one call per batch: a cold vLLM worker, a test's
+recorder) gets its requests in one ``generate`` call whenever nothing else is in flight, which is the wave schedule
+of a static batch; the trees are the same either way.
 """
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,20 +45,9 @@ class AgentRunner:
                                                   add_generation_prompt=True, **self.chat_kwargs)
 
 
-def grading_overlaps_generation(agents: Mapping[str, AgentRunner]) -> bool:
-    """True unless some agent's backend generates on the host CPU (``uses_host_cpu``).
-
-    There, torch's OpenMP threads and the grader's processes share the same cores, and a thread that loses its
-    core stalls its peers at every barrier: ``bench/rollout.py`` measured 0.77x of raw throughput with
-    overlapped grading against 0.80-0.84x grading after each generate call.
-    """
-    return not any(getattr(a.backend, "uses_host_cpu", False) for a in agents.values())
-
-
-def _graded_now(grade: GradeFn, jobs) -> Future:
-    done: Future = Future()
-    done.set_result(grade(jobs))
-    return done
+def streams(backend: GenerationBackend) -> bool:
+    """True when the backend takes single requests as they come (``submit(prompt, params, seed) → Future``)."""
+    return callable(getattr(backend, "submit", None))
 
 
 def tree_seed(seed: int, problem_id: str) -> np.random.Generator:
@@ -62,58 +55,136 @@ def tree_seed(seed: int, problem_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, *problem_id.encode()])
 
 
+@dataclass
+class Round:
+    """The k expansions of one tree asked together: (expansion, request seed, chat text) each, and what came back."""
+
+    asks: list[tuple[Expansion, int, str]]
+    generations: list[Generation | None]
+    codes: list[str | None]
+    verdicts: list[Any]
+    left: int
+
+
 def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
                     max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int = 0,
                     detailed_feedback: bool = False, expansions_per_wave: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Build one ``max_nodes``-node tree per problem; returns one row per node (see :data:`NODE_COLUMNS`).
+    """Build one ``max_nodes``-node tree per problem; returns one row per node (see :data:`NODE_COLUMNS`), by
+    problem then node id. A row's ``wave`` is the round of its tree that made it.
 
-    ``expansions_per_wave`` = k asks per tree before the wave's tells (TreeQuest's ``ask_batch``): k = 1 is
-    sequential AB-MCTS-A; k > 1 makes fewer, larger generation batches at the price of k−1 selections per
-    wave that do not yet see each other's scores.
+    ``expansions_per_wave`` = k asks per tree before the round's tells: k = 1 is sequential AB-MCTS-A; k > 1
+    keeps k requests of a tree in flight at the price of k−1 selections that do not yet see each other's scores.
     """
+    if expansions_per_wave < 1:
+        raise ValueError(f"expansions_per_wave must be >= 1, got {expansions_per_wave}")
     names = tuple(agents)
+    by_id = {p.id: p for p in problems}
     trees = {p.id: SearchTree(agents=names) for p in problems}
     rngs = {p.id: tree_seed(seed, p.id) for p in problems}
     rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
-    by_id = {p.id: p for p in problems}
-    wave = 0
-    overlap = grading_overlaps_generation(agents)
+    rounds: dict[str, Round] = {}
+    finished_rounds = dict.fromkeys(by_id, 0)
+    params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                            max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
+    events: queue.SimpleQueue = queue.SimpleQueue()  # ("generated", [(pid, j, Future)]) | ("graded", keys, Future)
+    held: dict[str, list[tuple[str, int]]] = {a: [] for a in names}  # requests for backends without submit
+    outstanding = 0  # submitted generations and grading calls whose event has not been handled yet
+    total, built = max_nodes * len(problems), 0
+
+    def start_round(pid: str) -> None:
+        nonlocal outstanding
+        tree = trees[pid]
+        asks = []
+        for j in range(min(expansions_per_wave, max_nodes - len(tree))):
+            exp = policy.ask(tree, rngs[pid])
+            text = agents[exp.agent].chat(_prompt(by_id[pid], exp, rows[pid], detailed_feedback))
+            asks.append((exp, request_seed(sampling.seed, pid, len(tree) + j), text))
+        n = len(asks)
+        rounds[pid] = Round(asks, [None] * n, [None] * n, [None] * n, n)
+        for j, (exp, request, text) in enumerate(asks):
+            backend = agents[exp.agent].backend
+            if streams(backend):
+                outstanding += 1
+                backend.submit(text, params, request).add_done_callback(
+                    lambda f, key=(pid, j): events.put(("generated", [(*key, f)])))
+            else:
+                held[exp.agent].append((pid, j))
+
+    def send_held() -> None:
+        """Nothing else can come back: each batch-only backend gets its waiting requests in one call."""
+        nonlocal outstanding
+        for agent in names:
+            keys, held[agent] = held[agent], []
+            if not keys:
+                continue
+            asks = [rounds[pid].asks[j] for pid, j in keys]
+            gens = agents[agent].backend.generate([t for _, _, t in asks], params, [s for _, s, _ in asks])
+            outstanding += 1
+            events.put(("generated", [(pid, j, _done(g[0])) for (pid, j), g in zip(keys, gens, strict=True)]))
+
+    def generated(batch: list[tuple[str, int, Future]]) -> list:
+        jobs = []
+        for pid, j, future in batch:
+            g = future.result()  # an engine's error ends the search here, naming its agent
+            r = rounds[pid]
+            r.generations[j], r.codes[j] = g, extract_code(g.text)
+            jobs.append(((pid, j), (r.codes[j], by_id[pid].public_tests, by_id[pid].func_name)))
+        return jobs
+
+    def graded(keys: list[tuple[str, int]], verdicts: list[Any]) -> None:
+        nonlocal built
+        for (pid, j), v in zip(keys, verdicts, strict=True):
+            r = rounds[pid]
+            r.verdicts[j], r.left = v, r.left - 1
+            if r.left:
+                continue
+            for (exp, _, text), g, code, verdict in zip(r.asks, r.generations, r.codes, r.verdicts, strict=True):
+                node_id = policy.tell(trees[pid], exp, public_score(verdict))
+                parent_agent = rows[pid][exp.parent]["agent"] if exp.parent != ROOT else None
+                rows[pid].append(node_row(pid, node_id, parent=exp.parent, depth=trees[pid].nodes[node_id].depth,
+                                          agent=exp.agent, parent_agent=parent_agent, wave=finished_rounds[pid],
+                                          prompt=text, generation=g, code=code, verdict=verdict))
+            finished_rounds[pid] += 1
+            built += len(r.asks)
+            del rounds[pid]
+            if len(trees[pid]) < max_nodes:
+                start_round(pid)
+        if progress is not None:
+            progress(built, total)
+
+    for p in problems:
+        if max_nodes > 0:
+            start_round(p.id)
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as graders:
-        submit = graders.submit if overlap else _graded_now
-        while True:
-            todo = [p.id for p in problems if len(trees[p.id]) < max_nodes]
-            if not todo:
-                break
-            # each request's seed names its node: (run seed, problem, node index), whatever shares its batch
-            asks = [(pid, policy.ask(trees[pid], rngs[pid]), request_seed(sampling.seed, pid, len(trees[pid]) + j))
-                    for pid in todo for j in range(min(expansions_per_wave, max_nodes - len(trees[pid])))]
-            pending = []
-            for agent in names:
-                mine_asks = [(pid, e) for pid, e, _ in asks if e.agent == agent]
-                if not mine_asks:
-                    continue
-                mine = [pid for pid, _ in mine_asks]
-                prompts = [_prompt(by_id[pid], e, rows[pid], detailed_feedback) for pid, e in mine_asks]
-                texts = [agents[agent].chat(p) for p in prompts]
-                params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                        max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
-                seeds = [s for _, e, s in asks if e.agent == agent]
-                gens = [g[0] for g in agents[agent].backend.generate(texts, params, seeds)]
-                codes = [extract_code(g.text) for g in gens]
-                jobs = [(c, by_id[pid].public_tests, by_id[pid].func_name) for pid, c in zip(mine, codes, strict=True)]
-                pending.append((mine_asks, texts, gens, codes, submit(grade, jobs)))
-            for mine_asks, texts, gens, codes, future in pending:
-                for (pid, exp), text, g, code, v in zip(mine_asks, texts, gens, codes, future.result(), strict=True):
-                    node_id = policy.tell(trees[pid], exp, public_score(v))
-                    parent_agent = rows[pid][exp.parent]["agent"] if exp.parent != ROOT else None
-                    rows[pid].append(node_row(pid, node_id, parent=exp.parent, depth=trees[pid].nodes[node_id].depth,
-                                              agent=exp.agent, parent_agent=parent_agent, wave=wave, prompt=text,
-                                              generation=g, code=code, verdict=v))
-            wave += 1
-            if progress is not None:
-                progress(sum(len(t) for t in trees.values()), max_nodes * len(problems))
+        while rounds:
+            if not outstanding:
+                send_held()
+            batch = [events.get()]
+            while True:  # everything that has come back so far is handled together: one grading call
+                try:
+                    batch.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            outstanding -= len(batch)
+            jobs = []
+            for kind, payload, *rest in batch:
+                if kind == "generated":
+                    jobs += generated(payload)
+                else:
+                    graded(payload, rest[0].result())
+            if jobs:
+                keys = [k for k, _ in jobs]
+                outstanding += 1
+                graders.submit(grade, [job for _, job in jobs]).add_done_callback(
+                    lambda f, keys=keys: events.put(("graded", keys, f)))
     return [r for p in problems for r in rows[p.id]]
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _prompt(problem: Problem, exp: Expansion, rows: list[dict[str, Any]], detailed: bool) -> str:
