@@ -10,16 +10,25 @@ test calling a stage) every backend is loaded fresh, as before.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 
-from mars2.backends.engine import EngineClient, EngineSpec
+from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineSpec
+from mars2.io import atomic_write_text
+from tasks.stage import StageContext
 
 _pool: EnginePool | None = None
 
 
 class EnginePool:
-    def __init__(self, persistent: bool):
+    """The engines a process hands out: its own children (``service_dir`` None: the flow's run in local mode) or the
+    node's services of the run (``service_dir``: a stage flow run on a pool worker)."""
+
+    def __init__(self, persistent: bool, run_dir: Path | None = None, service_dir: Path | None = None):
         self.persistent = persistent
+        self.run_dir = run_dir
+        self.service_dir = service_dir
         self.engines: dict[str, EngineClient] = {}
         self.handed_out: list = []  # every backend of the run, for engine_starts
 
@@ -29,11 +38,11 @@ class EnginePool:
         engine = self.engines.get(owner)
         if engine is None:
             engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
-                                             batch_size=batch_size, threads=threads))
+                                             batch_size=batch_size, threads=threads), service_dir=self.service_dir)
             self.engines[owner] = engine
-            self.handed_out.append(engine)
-        else:
-            engine.load(model_dir, version)
+            if self.service_dir is None:  # node services are counted in the run's starts file
+                self.handed_out.append(engine)
+        engine.load(model_dir, version)  # in place (an attached node service may hold an earlier version)
         return engine
 
     def count(self, backend) -> None:
@@ -42,23 +51,55 @@ class EnginePool:
 
     @property
     def starts(self) -> int:
-        return sum(getattr(b, "starts", 1) for b in self.handed_out)
+        """Engines started for the run: by this process, and as node services on pool workers."""
+        own = sum(getattr(b, "starts", 1) for b in self.handed_out)
+        node = self.run_dir / STARTS_FILE if self.run_dir is not None else None
+        return own + (len(node.read_text().splitlines()) if node is not None and node.exists() else 0)
 
     def close(self) -> None:
         for engine in self.engines.values():
             engine.close()
 
 
+def run_engines_dir(ctx: StageContext) -> Path:
+    """``<root>/engines/<flow run id>``: the run's node services register here, one folder per host."""
+    return Path(ctx.root) / "engines" / (ctx.flow_run_id or "local")
+
+
 @contextlib.contextmanager
-def engine_pool(persistent: bool) -> Iterator[EnginePool]:
-    """The run's engines, stopped when the block ends (normally, on an error, on SIGTERM/SIGINT)."""
+def engine_pool(persistent: bool, ctx: StageContext | None = None) -> Iterator[EnginePool]:
+    """The run's engines, stopped when the block ends (normally, on an error, on SIGTERM/SIGINT); with ``ctx``, the
+    run's node services on pool workers too (their STOP file is written)."""
     global _pool
-    _pool = EnginePool(persistent)
+    run_dir = run_engines_dir(ctx) if ctx is not None else None
+    _pool = EnginePool(persistent, run_dir=run_dir)
     try:
         yield _pool
     finally:
         pool, _pool = _pool, None
         pool.close()
+        if run_dir is not None and run_dir.exists():
+            atomic_write_text(run_dir / STOP_FILE, "the run has ended\n")
+
+
+@contextlib.contextmanager
+def node_engines(persistent: bool, ctx: StageContext) -> Iterator[EnginePool]:
+    """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
+    that needs one, attached to by the next), disconnected from when the block ends."""
+    global _pool
+    _pool = EnginePool(persistent, service_dir=run_engines_dir(ctx) / socket.gethostname())
+    try:
+        yield _pool
+    finally:
+        pool, _pool = _pool, None
+        pool.close()
+
+
+def release(runners: dict) -> None:
+    """After a stage's generation: every engine it used frees its accelerator for the next stage (the update)."""
+    for backend in {id(r.backend): r.backend for r in runners.values()}.values():
+        if hasattr(backend, "sleep"):
+            backend.sleep()
 
 
 def current_pool() -> EnginePool | None:

@@ -24,6 +24,7 @@ from mars2.io import atomic_write_json, write_parquet
 from mars2.search.run import public_grader
 from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.engines import release
 from tasks.weights import agent_runners
 
 STAGE = "evaluation"
@@ -54,6 +55,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs") as advance:
             samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners,
                                                  lambda done, total: advance(done, total, phase="generate"))
+            release(runners)
             graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"),
                                                             trees.assign(kind="tree")], ignore_index=True),
                                                  {p.id: p for p in problems}, grading,

@@ -12,6 +12,7 @@ from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.engines import release
 from tasks.weights import agent_runners
 
 STAGE = "rollout"
@@ -42,6 +43,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
                                   max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
         with stage_progress(f"rollout c{cycle}", "nodes") as advance:
             nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(grading), advance))
+        release(runners)
         write_parquet(out / "trees.parquet", nodes)
         plot_trees(nodes, out / "trees.png")
         return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)}}

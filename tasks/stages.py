@@ -38,6 +38,7 @@ from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents
 from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
+from tasks.engines import node_engines
 from tasks.evaluation import evaluate
 from tasks.grading import grade
 from tasks.rollout import rollout
@@ -163,7 +164,9 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
     if not Path(root).is_dir():
         raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
                                 "($MARS2_HOME) at the same path")
-    record = getattr(bound(root), stage)(**kwargs)
+    engine = kwargs.get("engine")  # rollout and evaluation: the node's engine services of the run
+    with node_engines(bool(getattr(engine, "persistent", False)), kwargs["ctx"]):
+        record = getattr(bound(root), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, dataclasses.asdict(record))

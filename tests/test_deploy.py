@@ -307,6 +307,21 @@ def _stage_table(stack, flow_run_id: str) -> pd.DataFrame:
     return pd.read_parquet(stack["home"] / "runs" / f"{run_id}.parquet").set_index("stage")
 
 
+def _mlflow_metric(stack, flow_run_id: str, key: str) -> float | None:
+    with sqlite3.connect(stack["home"] / "mlflow.db") as db:
+        row = db.execute("select m.value from metrics m join tags t on t.run_uuid = m.run_uuid where "
+                         "t.key = 'prefect.flow_run_id' and t.value = ? and m.key = ?", (flow_run_id, key)).fetchone()
+    return row[0] if row else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
 def _flow_runs(stack, flow_name: str) -> list[dict]:
     r = httpx.post(f"{stack['api']}/flow_runs/filter", json={"flows": {"name": {"any_": [flow_name]}}}, timeout=10)
     r.raise_for_status()
@@ -389,3 +404,14 @@ def test_pools_mode_runs_gpu_stages_on_the_gpu_pool_and_updates_concurrently(sta
                                       (a["start_time"], a["end_time"], b["start_time"], b["end_time"]))
     assert start_a < end_b and start_b < end_a, "the two agents' updates did not overlap"
     assert len(list((stack["home"] / "dispatch").glob("*.json"))) == 4
+    # the evaluation's engines were node services on the gpu worker, counted by the flow and stopped with the run
+    (starts,) = (stack["home"] / "engines").glob("*/starts")
+    assert sorted(line.split()[0] for line in starts.read_text().splitlines()) == ["llama_tiny", "qwen_tiny"]
+    assert (starts.parent / "STOP").exists()
+    engine_starts = _mlflow_metric(stack, ids[0], "engine_starts")
+    assert engine_starts == 2, engine_starts
+    pids = [int(line.split()[2]) for line in starts.read_text().splitlines()]
+    deadline = time.time() + 20
+    while any(_running(pid) for pid in pids):
+        assert time.time() < deadline, "node services outlived their run"
+        time.sleep(0.2)

@@ -153,3 +153,59 @@ def test_no_engine_outlives_its_client_process(tiny_model_dir):
             pytest.fail("the engine outlived the process that started it")
     finally:
         proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by its parent) is not alive
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_run(tiny_model_dir, second_weights,
+                                                                                 tmp_path):
+    """orchestration=pools: the first stage on a node starts the owner's engine as a service; the next stage attaches
+    to it (no second start) and loads its weights in place; the run's STOP file ends it."""
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    first = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                         service_dir=service_dir)
+    pid = first.pid
+    v1 = _texts(first.generate(["hello"], PARAMS, [3]))
+    first.close()  # the stage ends: disconnect only
+    assert _alive(pid)
+    second = EngineClient(EngineSpec("qwen_tiny", str(second_weights), str(tiny_model_dir), version="v2"),
+                          service_dir=service_dir)
+    try:
+        assert second.pid == pid and second.starts == 0 and second.version == "v1"  # attached, still at v1
+        assert _texts(second.generate(["hello"], PARAMS, [3])) == v1
+        second.load(str(second_weights), "v2")
+        assert second.health()["version"] == "v2" and second.pid == pid
+        second.sleep()  # frees the accelerator for the update; the next request wakes it
+        assert second.health()["asleep"]
+        assert _texts(second.generate(["hello"], PARAMS, [3])) != v1 and not second.health()["asleep"]
+    finally:
+        second.close()
+    assert (service_dir.parent / "starts").read_text().count("\n") == 1
+    (service_dir.parent / "STOP").write_text("")
+    assert _gone_within(pid, 10), "the node service outlived its run's STOP file"
+
+
+def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
+    """A run killed without writing its STOP file (kill -9 of the flow) leaves services that no stage connects to:
+    they stop after ``idle_exit_s``."""
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                          service_dir=tmp_path / "engines" / "run-2" / "node-a", idle_exit_s=2)
+    pid = engine.pid
+    engine.close()
+    assert _alive(pid) and _gone_within(pid, 15)

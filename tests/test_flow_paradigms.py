@@ -67,15 +67,32 @@ def test_update_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     assert done["metrics"]["update_step"] == 1
 
 
+def _engines(home) -> list[int]:
+    """Pids of the generation engines serving models under ``home``."""
+    from pathlib import Path
+
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "mars2.backends.engine_server" in cmd and str(home) in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
 def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_path):
-    """`kill <pid>` (or a scheduler's SIGTERM) must not leave the embedded Prefect server running without a parent."""
+    """`kill <pid>` (or a scheduler's SIGTERM) mid-rollout must leave nothing running: not the embedded Prefect
+    server, not the generation engines."""
     proc = subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, "train.cycles=3"], cwd=ROOT,
-                            env=_env(tmp_path, embedded=True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_env(tmp_path, embedded=True), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        for line in proc.stdout:  # the server is up once a stage has run
-            if "cycle 0 data" in line:
-                break
+        deadline = time.time() + 300
+        while not _engines(tmp_path):  # the rollout is generating (the server is up once a stage has run)
+            assert proc.poll() is None and time.time() < deadline, "no engine started"
+            time.sleep(0.05)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 128 + signal.SIGTERM
         deadline = time.time() + 20

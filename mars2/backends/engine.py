@@ -28,9 +28,13 @@ crashes (with the latest weights, sending again every request not yet answered; 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
+import json
 import os
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +45,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mars2.backends.base import Generation, SamplingParams, prompt_seeds, request_seed
+from mars2.io import atomic_write_text
+
+STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
+STARTS_FILE = "starts"  # in a run's engine folder: one line per node service started
 
 
 class EngineError(RuntimeError):
@@ -70,6 +78,14 @@ def die_with_parent() -> None:
         import signal
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def disconnect(conn) -> None:
+    """Close a connection so that the other side sees it closed now: a plain close leaves the socket open while this
+    process's reader thread is still blocked in ``recv`` on it."""
+    with contextlib.suppress(OSError):
+        socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+    conn.close()
 
 
 _spawns: queue.SimpleQueue = queue.SimpleQueue()
@@ -103,22 +119,28 @@ def _spawn_forever() -> None:
 class EngineClient:
     """The client side of one engine (see the module docstring); ``starts`` counts engine processes started."""
 
-    def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1):
+    def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1,
+                 service_dir: str | Path | None = None, idle_exit_s: float = 900.0):
         self.spec = spec
+        self.service_dir = Path(service_dir) if service_dir else None
+        self.idle_exit_s = idle_exit_s
         self.start_timeout_s = start_timeout_s
         self.restarts_left = restarts
         self.starts = 0
         self._proc: subprocess.Popen | None = None
+        self._pid: int | None = None
         self._conn = None
         self._lock = threading.RLock()  # the connection, the pending table, restarts
         self._pending: dict[int, tuple[tuple, Future]] = {}
         self._ids = itertools.count()
         self._failed: EngineError | None = None
         self._closing = False
-        self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))
+        self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
+        self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
-        with self._lock:
-            self._start()
+        with self._service_lock():  # nothing else uses this client yet: the reader thread takes self._lock
+            if not self._attach():
+                self._start()
         atexit.register(self.close)
 
     @property
@@ -127,26 +149,69 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._pid
+
+    @contextlib.contextmanager
+    def _service_lock(self):
+        """A node service's start or attach is one at a time per agent on the node (stages may run side by side)."""
+        if self.service_dir is None:
+            yield
+            return
+        import fcntl
+
+        self.service_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.service_dir / f"{self.spec.agent}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _attach(self) -> bool:
+        """Connect to the node's running service for this agent, if there is one; its weights stay as they are
+        (``load`` moves them to the version a stage wants)."""
+        from multiprocessing.connection import Client
+
+        if self.service_dir is None:
+            return False
+        info = self.service_dir / f"{self.spec.agent}.json"
+        if not info.exists():
+            return False
+        record = json.loads(info.read_text())
+        try:
+            os.kill(record["pid"], 0)
+            conn = Client(record["address"], family="AF_UNIX", authkey=bytes.fromhex(record["authkey"]))
+        except (OSError, EOFError):
+            return False
+        self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
+        self._log = Path(record["log"])
+        threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
+        from dataclasses import replace
+
+        held = self._send("health").result()
+        self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
+        return True
 
     def _start(self) -> None:
         from multiprocessing.connection import Client
 
         address = str(self._folder / f"engine-{self.starts}.sock")
         env = {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()}
-        log = open(self._folder / "engine.log", "ab")  # noqa: SIM115 - the engine's process owns it
-        self._proc = popen_bound(
-            [sys.executable, "-m", "mars2.backends.engine_server", address, self.spec.model_dir,
-             self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype, str(self.spec.batch_size),
-             str(self.spec.threads)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        args = [sys.executable, "-m", "mars2.backends.engine_server", address, self.spec.model_dir,
+                self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype,
+                str(self.spec.batch_size), str(self.spec.threads)]
+        log = open(self._log, "ab")  # noqa: SIM115 - the engine's process owns it
+        if self.service_dir is None:  # a child of this process: it dies with it
+            self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        else:  # a node service: outlives this stage, stops at the run's STOP file or when idle
+            args += [str(self.service_dir.parent / STOP_FILE), str(self.idle_exit_s)]
+            self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                          start_new_session=True)
         log.close()
+        self._pid = self._proc.pid
         self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self._proc.poll() is not None:
                 raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {self._proc.returncode} "
-                                  f"while starting; its log: {self._folder / 'engine.log'}\n{self._log_tail()}")
+                                  f"while starting; its log: {self._log}\n{self._log_tail()}")
             if os.path.exists(address):
                 try:
                     self._conn = Client(address, family="AF_UNIX", authkey=self._authkey)
@@ -158,9 +223,14 @@ class EngineClient:
                 raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in {self.start_timeout_s:.0f} s")
             time.sleep(0.05)
         threading.Thread(target=self._read, args=(self._conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
+        if self.service_dir is not None:
+            atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
+                {"address": address, "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
+            with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
+                starts.write(f"{self.spec.agent} {socket.gethostname()} {self._pid}\n")
 
     def _log_tail(self, lines: int = 15) -> str:
-        path = self._folder / "engine.log"
+        path = self._log
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def _send(self, *message) -> Future:
@@ -198,11 +268,12 @@ class EngineClient:
             self._kill()
             if self.restarts_left <= 0:
                 self._fail(EngineError(f"the engine of agent {self.spec.agent!r} crashed and was already restarted "
-                                       f"once; its log: {self._folder / 'engine.log'}\n{self._log_tail()}"))
+                                       f"once; its log: {self._log}\n{self._log_tail()}"))
                 return
             self.restarts_left -= 1
             try:
-                self._start()  # from the latest weights (self.spec)
+                with self._service_lock():
+                    self._start()  # from the latest weights (self.spec)
             except EngineError as e:
                 self._fail(e)
                 return
@@ -247,18 +318,33 @@ class EngineClient:
 
     def _kill(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            disconnect(self._conn)
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        elif self._proc is None and self._pid is not None:  # a node service another stage started
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+
+    def sleep(self) -> None:
+        """Free the accelerator for other stages (the update): the engine moves its weights to host memory and drops
+        its caches once its requests are done; the next request or load moves them back."""
+        self._call("sleep")
 
     def close(self) -> None:
-        """Stop the engine (politely, then by force); idempotent."""
+        """Stop the engine (politely, then by force); idempotent. A node service is only disconnected from: the
+        next stage on the node attaches to it, and it stops at the run's end (its STOP file) or when idle."""
         with self._lock:
-            if self._proc is None:
+            if self._pid is None:
                 return
             self._closing = True
             proc = self._proc
+            if self.service_dir is not None:
+                if self._conn is not None:
+                    disconnect(self._conn)
+                self._pid = self._proc = None
+                self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
+                return
         if proc.poll() is None and self._failed is None:
             try:
                 self._send("shutdown").result(timeout=10)
@@ -267,5 +353,5 @@ class EngineClient:
                 pass
         with self._lock:
             self._kill()
-            self._proc = None
+            self._proc = self._pid = None
             self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))

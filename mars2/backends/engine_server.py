@@ -1,5 +1,5 @@
 """The transformers engine's process: ``python -m mars2.backends.engine_server ADDRESS MODEL TOKENIZER VERSION DEVICE
-DTYPE BATCH_SIZE [THREADS]`` (started by :class:`mars2.backends.engine.EngineClient`; protocol in that module).
+DTYPE BATCH_SIZE [THREADS [STOP_FILE IDLE_EXIT_S]]`` (started by :class:`mars2.backends.engine.EngineClient`; protocol in that module).
 
 It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), reads
 each connection in its own thread and queues every "sample" request into one continuous batch (the backend's
@@ -22,7 +22,29 @@ class EngineState:
     backend: object
     model_dir: str
     version: str
+    device: str = "cpu"
     lock: threading.RLock = field(default_factory=threading.RLock)  # versions change only between requests
+    asleep: bool = False
+    connections: int = 0
+
+
+def wake(state: EngineState) -> None:
+    """Weights back on the engine's device after a sleep (under ``state.lock``)."""
+    if state.asleep:
+        state.backend.model.to(state.device)
+        state.asleep = False
+
+
+def sleep(state: EngineState) -> None:
+    """Weights to host memory and the accelerator's cache emptied, once the running requests are done."""
+    import torch
+
+    with state.lock, state.backend.batcher.drained():
+        if not state.device.startswith("cpu"):
+            state.backend.model.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        state.asleep = True
 
 
 def load_weights_in_place(model, model_dir: str) -> None:
@@ -68,18 +90,22 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 if version != state.version:
                     reply("error", f"it holds weights version {state.version!r}, the request wants {version!r}")
                     return
+                wake(state)
                 future = state.backend.submit_samples([(prompt, seed)], SamplingParams(**params))[0]
             future.add_done_callback(lambda f: reply("ok", f.result()) if f.exception() is None
                                      else reply("error", f"{type(f.exception()).__name__}: {f.exception()}"))
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.backend.batcher.drained():
-                load_weights_in_place(state.backend.model, model_dir)
+                load_weights_in_place(state.backend.model, model_dir)  # into host memory while asleep
                 state.model_dir, state.version = model_dir, version
             reply("ok", version)
+        elif kind == "sleep":
+            sleep(state)
+            reply("ok", None)
         elif kind == "health":
             batcher = state.backend.batcher
-            reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir,
+            reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir, "asleep": state.asleep,
                          "steps": batcher.steps, "rows_stepped": batcher.rows_stepped, "prefills": batcher.prefills})
         else:
             reply("error", f"unknown request {kind!r}")
@@ -100,11 +126,13 @@ def serve(conn, state: EngineState) -> None:
 
         return reply
 
+    state.connections += 1
     with conn:
         while True:
             try:
                 request_id, *message = conn.recv()
             except (EOFError, OSError):
+                state.connections -= 1
                 return
             if message[0] == "shutdown":
                 answer(request_id)("ok", None)
@@ -112,8 +140,23 @@ def serve(conn, state: EngineState) -> None:
             handle(state, tuple(message), answer(request_id))
 
 
+def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
+    """A node service's end: its run's STOP file appears, or no stage has been connected for ``idle_exit_s``."""
+    import time
+
+    idle_since = time.monotonic()
+    while True:
+        time.sleep(1.0)
+        if os.path.exists(stop_file):
+            os._exit(0)
+        if state.connections:
+            idle_since = time.monotonic()
+        elif idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
+            os._exit(0)
+
+
 def main(address: str, model_dir: str, tokenizer_dir: str, version: str, device: str, dtype: str,
-         batch_size: str, threads: str = "0") -> None:
+         batch_size: str, threads: str = "0", stop_file: str = "", idle_exit_s: str = "0") -> None:
     from multiprocessing.connection import Listener
 
     import torch
@@ -124,7 +167,9 @@ def main(address: str, model_dir: str, tokenizer_dir: str, version: str, device:
         torch.set_num_threads(int(threads))
     backend, _ = load_transformers_backend(model_dir, tokenizer_dir, device=device, dtype=dtype,
                                            batch_size=int(batch_size))
-    state = EngineState(backend, model_dir, version)
+    state = EngineState(backend, model_dir, version, device=device)
+    if stop_file:
+        threading.Thread(target=watch, args=(state, stop_file, float(idle_exit_s)), daemon=True).start()
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
         while True:

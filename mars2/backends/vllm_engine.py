@@ -1,0 +1,105 @@
+"""The vLLM side of a persistent engine: vLLM's ``AsyncLLM`` behind the engine protocol (:mod:`mars2.backends.engine`).
+
+Runs inside the GPU worker's vLLM environment (``$MARS2_VLLM_PYTHON -m mars2.backends.engine_server``, with an
+engine spec of kind "vllm"); nothing here is imported by the pipeline's own environment. Tested at its boundary
+with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls are those of vLLM 0.16–0.33:
+
+- start: ``AsyncLLM.from_engine_args(AsyncEngineArgs(**engine, logprobs_mode="processed_logprobs"))``;
+- sample: ``AsyncLLM.generate(prompt, SamplingParams(n=1, seed=<request seed>, logprobs=0, ...), request_id)``,
+  an async stream whose last output is the finished request; vLLM batches every request in flight;
+- load: once no request is in flight, ``collective_rpc("reload_weights", kwargs={"weights_path": folder})`` (every
+  tensor-parallel rank reads its shard of the new folder in place) and ``reset_prefix_cache()``, which must return
+  True (cached prefixes were computed with the old weights);
+- sleep / wake: ``sleep(level=1)`` (weights to host memory, KV cache dropped) / ``wake_up()``;
+- stop: ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+
+class VLLMEngine:
+    """The engine operations :func:`mars2.backends.engine_server.handle` needs, on one ``AsyncLLM``."""
+
+    def __init__(self, engine_args: dict, stop_token_ids: list[int]):
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.stop_token_ids = list(stop_token_ids)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args, logprobs_mode="processed_logprobs"))
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._holds = 0
+        self.requests = 0
+
+    def _run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def submit(self, prompt: str, params, seed: int) -> Future:
+        """One request → ``Future[Generation]``; it waits while a load or sleep holds the engine."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self._holds)
+            self._in_flight += 1
+            self.requests += 1
+        done = asyncio.run_coroutine_threadsafe(self._generate(prompt, params, seed), self.loop)
+        done.add_done_callback(lambda _: self._finished())
+        return done
+
+    def _finished(self) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify_all()
+
+    async def _generate(self, prompt: str, params, seed: int):
+        from vllm import SamplingParams as VSamplingParams
+
+        from mars2.backends.vllm_backend import generation_from_vllm
+
+        sampling = VSamplingParams(n=1, temperature=params.temperature,
+                                   top_p=params.top_p if params.temperature > 0 else 1.0,
+                                   max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
+                                   **({"stop_token_ids": self.stop_token_ids} if self.stop_token_ids else {}))
+        final = None
+        async for output in self.llm.generate(prompt, sampling, request_id=uuid.uuid4().hex):
+            final = output
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for a request")
+        return generation_from_vllm(list(final.prompt_token_ids), final.outputs[0])
+
+    @contextlib.contextmanager
+    def drained(self) -> Iterator[None]:
+        """Once every request submitted before has finished, hold the engine for the block."""
+        with self._cv:
+            self._holds += 1
+            self._cv.wait_for(lambda: not self._in_flight)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._holds -= 1
+                self._cv.notify_all()
+
+    def load(self, model_dir: str) -> None:
+        self._run(self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir}))
+        if self._run(self.llm.reset_prefix_cache()) is False:
+            raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
+
+    def sleep(self) -> None:
+        self._run(self.llm.sleep(level=1))
+
+    def wake(self) -> None:
+        self._run(self.llm.wake_up())
+
+    def counters(self) -> dict:
+        return {"requests": self.requests}
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
