@@ -33,12 +33,14 @@ class EnginePool:
         self.handed_out: list = []  # every backend of the run, for engine_starts
 
     def engine(self, owner: str, model_dir: str, tokenizer_dir: str, version: str, *, device: str, dtype: str,
-               batch_size: int, threads: int = 0) -> EngineClient:
-        """``owner``'s engine holding ``version`` (started on first use, else loaded in place)."""
+               batch_size: int, threads: int = 0, **kind) -> EngineClient:
+        """``owner``'s engine holding ``version`` (started on first use, else loaded in place); ``kind``: the
+        :class:`EngineSpec` fields of a vLLM engine (kind, python, vllm, stop_token_ids)."""
         engine = self.engines.get(owner)
         if engine is None:
             engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
-                                             batch_size=batch_size, threads=threads), service_dir=self.service_dir)
+                                             batch_size=batch_size, threads=threads, **kind),
+                                  service_dir=self.service_dir)
             self.engines[owner] = engine
             if self.service_dir is None:  # node services are counted in the run's starts file
                 self.handed_out.append(engine)

@@ -51,9 +51,17 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
         folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
-        return VLLMBackend(vllm_engine_args(folder, member, engine or BackendConfig()),
-                           python=os.environ.get("MARS2_VLLM_PYTHON", "python"),
-                           stop_token_ids=end_token_ids(generation_config_eos(folder), tok.eos_token_id)), tok
+        args = vllm_engine_args(folder, member, engine or BackendConfig())
+        stops = end_token_ids(generation_config_eos(folder), tok.eos_token_id)
+        if pool is not None and pool.persistent:  # one AsyncLLM for the run, new weights reloaded in place
+            from dataclasses import asdict
+
+            return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
+                               dtype=member.dtype, batch_size=batch_size, kind="vllm",
+                               python=os.environ.get("MARS2_VLLM_PYTHON", "python"), vllm=asdict(args),
+                               stop_token_ids=tuple(stops)), tok
+        return VLLMBackend(args,
+                           python=os.environ.get("MARS2_VLLM_PYTHON", "python"), stop_token_ids=stops), tok
     if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
         from transformers import AutoTokenizer
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from mars2.backends import SamplingParams
+from mars2.backends.base import request_seed
 from mars2.backends.vllm_backend import VLLMBackend, VLLMEngineArgs, build_request, generation_from_vllm
 
 FAKE_VLLM = '''
@@ -122,3 +123,115 @@ def test_the_backend_group_and_the_models_end_tokens_reach_the_engine(tmp_path):
     req = build_request(["a"], SamplingParams(max_new_tokens=5), engine, stops)
     assert req["sampling"]["stop_token_ids"] == [151645, 151643]
     assert "data_parallel_size" not in req["engine"] and req["engine"]["enforce_eager"] is True
+
+
+FAKE_ASYNC_VLLM = {
+    "vllm/__init__.py": '''
+class SamplingParams:
+    def __init__(self, **kw):
+        assert kw["logprobs"] == 0 and kw["n"] == 1 and isinstance(kw["seed"], int)
+        self.kw = kw
+
+class AsyncEngineArgs:
+    def __init__(self, **kw):
+        assert kw["logprobs_mode"] == "processed_logprobs" and kw["model"]
+        self.kw = kw
+''',
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/engine/__init__.py": "",
+    "vllm/v1/engine/async_llm.py": '''
+import asyncio, json, os
+from types import SimpleNamespace as NS
+
+def log(*event):
+    with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
+        f.write(json.dumps(event) + "\\n")
+
+class AsyncLLM:
+    def __init__(self, kw):
+        self.model, self.in_flight, self.peak = kw["model"], 0, 0
+        log("start", kw["model"], kw["tensor_parallel_size"], kw["data_parallel_size"])
+
+    @classmethod
+    def from_engine_args(cls, args):
+        return cls(args.kw)
+
+    async def generate(self, prompt, sp, request_id):
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        ids = [len(prompt), sp.kw["seed"] % 1000, 2]
+        yield NS(prompt_token_ids=[1, 2], outputs=[NS(token_ids=ids[:1], text="", finish_reason=None,
+                                                       logprobs=[{ids[0]: NS(logprob=-0.5)}])])
+        await asyncio.sleep(0.2)  # long enough for every request of the test to be in flight together
+        self.in_flight -= 1
+        log("generate", prompt, sp.kw["seed"], sp.kw["stop_token_ids"], self.model, self.peak)
+        yield NS(prompt_token_ids=[1, 2], outputs=[NS(token_ids=ids, text=f"{self.model}|{prompt}",
+                                                       finish_reason="stop",
+                                                       logprobs=[{t: NS(logprob=-0.5)} for t in ids])])
+
+    async def collective_rpc(self, method, kwargs=None):
+        log("rpc", method, kwargs, self.in_flight)
+        self.model = kwargs["weights_path"]
+
+    async def reset_prefix_cache(self):
+        log("reset")
+        return True
+
+    async def sleep(self, level=1):
+        log("sleep", level)
+
+    async def wake_up(self):
+        log("wake")
+
+    def shutdown(self):
+        log("shutdown")
+''',
+}
+
+
+def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(tmp_path, monkeypatch):
+    """The vLLM engine of a run (``AsyncLLM`` behind the engine protocol) with a stand-in ``vllm`` package: requests
+    are in flight together, each with its own seed and the model's end tokens; a new version is loaded with
+    ``collective_rpc("reload_weights")`` once none is in flight, then the prefix cache is reset; sleep and wake
+    reach the engine; it is started once."""
+    import json
+
+    from mars2.backends.engine import EngineClient, EngineError, EngineSpec
+
+    for name, text in FAKE_ASYNC_VLLM.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    log = tmp_path / "vllm.log"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    engine_args = VLLMEngineArgs(model="/ckpt/v1", tensor_parallel_size=2, data_parallel_size=2)
+    from dataclasses import asdict
+
+    engine = EngineClient(EngineSpec("qwen", "/ckpt/v1", "/ckpt/v1", version="v1", device="cuda", kind="vllm",
+                                     python=sys.executable, vllm=asdict(engine_args), stop_token_ids=(7, 8)))
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=16)
+        futures = [engine.submit(f"p{i}", params, seed=i) for i in range(4)]
+        engine.load("/ckpt/v2", "v2")  # waits for the four requests above
+        first = [f.result() for f in futures]
+        assert [g.text for g in first] == [f"/ckpt/v1|p{i}" for i in range(4)]
+        assert first[0].response_ids == [2, request_seed(0, 0) % 1000, 2] and first[0].logprobs == [-0.5] * 3
+        assert first[0].finish_reason == "stop" and first[0].prompt_ids == [1, 2]
+        assert engine.generate(["q"], params, [9])[0][0].text == "/ckpt/v2|q"
+        engine.sleep()
+        assert engine.generate(["r"], params, [9])[0][0].text == "/ckpt/v2|r"
+        engine.spec = engine.spec.__class__(**{**engine.spec.__dict__, "version": "v1"})  # a stale caller
+        with pytest.raises(EngineError, match="holds weights version 'v2'"):
+            engine.generate(["s"], params, [1])
+    finally:
+        engine.close()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [e[0] for e in events]
+    assert kinds.count("start") == 1 and events[0] == ["start", "/ckpt/v1", 2, 2] and kinds[-1] == "shutdown"
+    generated = [e for e in events if e[0] == "generate"]
+    assert max(e[5] for e in generated[:4]) == 4  # all four in flight at once
+    assert all(e[3] == [7, 8] for e in generated)
+    rpc = kinds.index("rpc")
+    assert events[rpc][1:] == ["reload_weights", {"weights_path": "/ckpt/v2"}, 0] and kinds[rpc + 1] == "reset"
+    assert kinds.index("rpc") > max(i for i, e in enumerate(events[:rpc]) if e[0] == "generate")
+    assert kinds[kinds.index("sleep") + 1] == "wake"

@@ -67,6 +67,10 @@ class EngineSpec:
     dtype: str = "float32"
     batch_size: int = 32
     threads: int = 0  # torch's intra-op threads in the engine (CPU); 0: torch's default
+    kind: str = "transformers"  # or "vllm": AsyncLLM in the GPU worker's vLLM environment
+    python: str = ""  # the interpreter of the engine's environment ("" = this one; vLLM: $MARS2_VLLM_PYTHON)
+    vllm: dict | None = None  # vLLM engine arguments (kind "vllm"; "model" follows model_dir)
+    stop_token_ids: tuple[int, ...] = ()  # every end token of the model (kind "vllm")
 
 
 def die_with_parent() -> None:
@@ -194,14 +198,16 @@ class EngineClient:
 
         address = str(self._folder / f"engine-{self.starts}.sock")
         env = {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()}
-        args = [sys.executable, "-m", "mars2.backends.engine_server", address, self.spec.model_dir,
-                self.spec.tokenizer_dir, self.spec.version, self.spec.device, self.spec.dtype,
-                str(self.spec.batch_size), str(self.spec.threads)]
+        spec = asdict(self.spec)
+        if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
+            spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}
+        if self.service_dir is not None:
+            spec.update(stop_file=str(self.service_dir.parent / STOP_FILE), idle_exit_s=self.idle_exit_s)
+        args = [self.spec.python or sys.executable, "-m", "mars2.backends.engine_server", address, json.dumps(spec)]
         log = open(self._log, "ab")  # noqa: SIM115 - the engine's process owns it
         if self.service_dir is None:  # a child of this process: it dies with it
             self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         else:  # a node service: outlives this stage, stops at the run's STOP file or when idle
-            args += [str(self.service_dir.parent / STOP_FILE), str(self.idle_exit_s)]
             self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
         log.close()

@@ -1,15 +1,23 @@
-"""The transformers engine's process: ``python -m mars2.backends.engine_server ADDRESS MODEL TOKENIZER VERSION DEVICE
-DTYPE BATCH_SIZE [THREADS [STOP_FILE IDLE_EXIT_S]]`` (started by :class:`mars2.backends.engine.EngineClient`; protocol in that module).
+"""An engine's process: ``python -m mars2.backends.engine_server ADDRESS SPEC_JSON`` (started by
+:class:`mars2.backends.engine.EngineClient`; protocol in that module, spec = :class:`~mars2.backends.engine.EngineSpec`
+as JSON, plus the node-service fields ``stop_file`` and ``idle_exit_s``).
 
 It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), reads
-each connection in its own thread and queues every "sample" request into one continuous batch (the backend's
-:class:`~mars2.backends.continuous.ContinuousBatcher`), answering each when it finishes. On ``load`` it waits for
-the batch to drain and replaces the weights in place: the parameters' tensors are copied into, not re-allocated,
-so the process keeps its memory and its model object across versions.
+each connection in its own thread and hands every "sample" request to the engine, which batches whatever is in
+flight, answering each when it finishes. Two engines speak it:
+
+- "transformers" (:class:`TransformersEngine`, this environment): the backend's
+  :class:`~mars2.backends.continuous.ContinuousBatcher`; a load copies the new tensors into the model's parameters
+  (:func:`load_weights_in_place`), so the process keeps its memory and its model object across versions;
+- "vllm" (:class:`mars2.backends.vllm_engine.VLLMEngine`, the GPU worker's vLLM environment): ``AsyncLLM``.
+
+A load or sleep waits until every request sent before it has finished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 import threading
@@ -17,34 +25,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+class TransformersEngine:
+    """The engine operations :func:`handle` needs, on a continuously batched transformers model."""
+
+    def __init__(self, model_dir: str, tokenizer_dir: str, device: str, dtype: str, batch_size: int):
+        from mars2.backends.transformers_backend import load_transformers_backend
+
+        self.backend, _ = load_transformers_backend(model_dir, tokenizer_dir, device=device, dtype=dtype,
+                                                    batch_size=batch_size)
+        self.device = device
+
+    def submit(self, prompt: str, params, seed: int):
+        return self.backend.submit_samples([(prompt, seed)], params)[0]
+
+    def drained(self):
+        return self.backend.batcher.drained()
+
+    def load(self, model_dir: str) -> None:
+        load_weights_in_place(self.backend.model, model_dir)
+
+    def sleep(self) -> None:
+        """Weights to host memory and the accelerator's cache emptied (nothing moves on a CPU engine)."""
+        import torch
+
+        if not self.device.startswith("cpu"):
+            self.backend.model.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        self.backend.model.to(self.device)
+
+    def counters(self) -> dict:
+        b = self.backend.batcher
+        return {"steps": b.steps, "rows_stepped": b.rows_stepped, "prefills": b.prefills}
+
+    def shutdown(self) -> None:
+        self.backend.batcher.close()
+
+
 @dataclass
 class EngineState:
-    backend: object
+    engine: object
     model_dir: str
     version: str
-    device: str = "cpu"
     lock: threading.RLock = field(default_factory=threading.RLock)  # versions change only between requests
     asleep: bool = False
     connections: int = 0
-
-
-def wake(state: EngineState) -> None:
-    """Weights back on the engine's device after a sleep (under ``state.lock``)."""
-    if state.asleep:
-        state.backend.model.to(state.device)
-        state.asleep = False
-
-
-def sleep(state: EngineState) -> None:
-    """Weights to host memory and the accelerator's cache emptied, once the running requests are done."""
-    import torch
-
-    with state.lock, state.backend.batcher.drained():
-        if not state.device.startswith("cpu"):
-            state.backend.model.to("cpu")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        state.asleep = True
 
 
 def load_weights_in_place(model, model_dir: str) -> None:
@@ -90,23 +117,27 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 if version != state.version:
                     reply("error", f"it holds weights version {state.version!r}, the request wants {version!r}")
                     return
-                wake(state)
-                future = state.backend.submit_samples([(prompt, seed)], SamplingParams(**params))[0]
+                if state.asleep:
+                    state.engine.wake()
+                    state.asleep = False
+                future = state.engine.submit(prompt, SamplingParams(**params), seed)
             future.add_done_callback(lambda f: reply("ok", f.result()) if f.exception() is None
                                      else reply("error", f"{type(f.exception()).__name__}: {f.exception()}"))
         elif kind == "load":
             _, model_dir, version = message
-            with state.lock, state.backend.batcher.drained():
-                load_weights_in_place(state.backend.model, model_dir)  # into host memory while asleep
+            with state.lock, state.engine.drained():
+                state.engine.load(model_dir)  # into host memory while asleep (transformers)
                 state.model_dir, state.version = model_dir, version
             reply("ok", version)
         elif kind == "sleep":
-            sleep(state)
+            with state.lock, state.engine.drained():
+                if not state.asleep:
+                    state.engine.sleep()
+                    state.asleep = True
             reply("ok", None)
         elif kind == "health":
-            batcher = state.backend.batcher
-            reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir, "asleep": state.asleep,
-                         "steps": batcher.steps, "rows_stepped": batcher.rows_stepped, "prefills": batcher.prefills})
+            reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir,
+                         "asleep": state.asleep, **state.engine.counters()})
         else:
             reply("error", f"unknown request {kind!r}")
     except Exception as e:  # the engine stays up; the client raises with this message
@@ -114,7 +145,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
 
 
 def serve(conn, state: EngineState) -> None:
-    send_lock = threading.Lock()  # answers come from this thread and from the decode thread
+    send_lock = threading.Lock()  # answers come from this thread and from the engine's threads
 
     def answer(request_id: int):
         def reply(status: str, value) -> None:
@@ -135,6 +166,8 @@ def serve(conn, state: EngineState) -> None:
                 state.connections -= 1
                 return
             if message[0] == "shutdown":
+                with contextlib.suppress(Exception):
+                    state.engine.shutdown()
                 answer(request_id)("ok", None)
                 os._exit(0)  # the listener's accept() does not wake up on its own
             handle(state, tuple(message), answer(request_id))
@@ -155,21 +188,28 @@ def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
             os._exit(0)
 
 
-def main(address: str, model_dir: str, tokenizer_dir: str, version: str, device: str, dtype: str,
-         batch_size: str, threads: str = "0", stop_file: str = "", idle_exit_s: str = "0") -> None:
+def start_engine(spec: dict):
+    """The engine a spec names (kind "transformers" or "vllm")."""
+    if spec["kind"] == "vllm":
+        from mars2.backends.vllm_engine import VLLMEngine
+
+        return VLLMEngine(spec["vllm"], spec.get("stop_token_ids") or [])
+    if spec.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(spec["threads"]))
+    return TransformersEngine(spec["model_dir"], spec["tokenizer_dir"], spec["device"], spec["dtype"],
+                              int(spec["batch_size"]))
+
+
+def main(address: str, spec_json: str) -> None:
     from multiprocessing.connection import Listener
 
-    import torch
-
-    from mars2.backends.transformers_backend import load_transformers_backend
-
-    if int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    backend, _ = load_transformers_backend(model_dir, tokenizer_dir, device=device, dtype=dtype,
-                                           batch_size=int(batch_size))
-    state = EngineState(backend, model_dir, version, device=device)
-    if stop_file:
-        threading.Thread(target=watch, args=(state, stop_file, float(idle_exit_s)), daemon=True).start()
+    spec = json.loads(spec_json)
+    state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
+    if spec.get("stop_file"):
+        threading.Thread(target=watch, args=(state, spec["stop_file"], float(spec.get("idle_exit_s") or 0)),
+                         daemon=True).start()
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
         while True:
