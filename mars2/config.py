@@ -242,11 +242,12 @@ class EvalConfig:
 
 @dataclass
 class BackendConfig:
-    """Generation engines (``conf/backend/``): vLLM settings of agents with ``backend: vllm``, and whether transformers
-    agents generate in one long-lived engine process per weight owner (``persistent``, mars2/backends/engine.py)."""
+    """Generation engines (``conf/backend/``): vLLM settings of agents with ``backend: vllm``, and whether agents
+    generate in one long-lived engine process per weight owner (``persistent``, mars2/backends/engine.py)."""
 
-    # transformers agents, orchestration=local: one engine process per weight owner for the whole run, new weights
-    # loaded into it in place; false: the model is loaded into each stage's process. Not part of any cache key: with
+    # one engine process per weight owner for the whole run (transformers, or vLLM's AsyncLLM), new weights loaded
+    # into it in place; with orchestration=pools, a service on each worker node the run's stages share. false: the
+    # model is loaded into each stage's process (vLLM: a worker per call). Not part of any cache key: with
     # per-request seeds both sample the same programs.
     persistent: bool = field(default=True, metadata={"cache_key": False})
 

@@ -8,21 +8,25 @@ an id, every answer names the id it answers, and answers come back in the order 
 
     (id, "sample", version, prompt, sampling_params_dict, sample_seed) → (id, "ok", Generation)
     (id, "load", model_dir, version)                                   → (id, "ok", version)
-    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "steps", "rows_stepped", "prefills"})
+    (id, "sleep")                                                      → (id, "ok", None)
+    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
 
-A "sample" request joins the engine's running batch at its next decode step (continuous batching,
-:mod:`mars2.backends.continuous`), so many requests are in flight at once and each is answered when it finishes.
-A "load" waits until no request is waiting or running, then copies the new weights in; a request that names
-another version than the engine holds is refused.
+A "sample" request joins the engine's running batch at its next decode step (transformers: continuous batching,
+:mod:`mars2.backends.continuous`; vLLM: ``AsyncLLM``), so many requests are in flight at once and each is answered
+when it finishes. A "load" or "sleep" waits until no request is waiting or running; a load copies the new weights
+in, a sleep moves them off the accelerator until the next request. A request that names another version than the
+engine holds is refused.
 
 :class:`EngineClient` implements :class:`~mars2.backends.base.GenerationBackend` (``generate(prompts, params,
 seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation]`` the tree search uses. It starts
-the engine (``python -m mars2.backends.engine_server``: transformers, CPU or one GPU), restarts it once if it
-crashes (with the latest weights, sending again every request not yet answered; a second crash is an
-:class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG``
-— when the client's process dies, so no engine outlives its run.
+the engine (``python -m mars2.backends.engine_server``: transformers on CPU or one GPU, or vLLM in its own
+environment), restarts it once if it crashes (with the latest weights, sending again every request not yet
+answered; a second crash is an :class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and
+— through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine outlives its run. With
+``service_dir`` the engine is instead a node service shared by the stages of a run on one node (see
+:class:`EngineClient`).
 """
 
 from __future__ import annotations
@@ -121,7 +125,12 @@ def _spawn_forever() -> None:
 
 
 class EngineClient:
-    """The client side of one engine (see the module docstring); ``starts`` counts engine processes started."""
+    """The client side of one engine (see the module docstring); ``starts`` counts engine processes started.
+
+    ``service_dir`` (``orchestration=pools``: ``<root>/engines/<flow run id>/<host>``): attach to the node's running
+    engine of this agent if ``<agent>.json`` there names a live one, else start one detached (its own session, no
+    parent-death signal) and register it; :meth:`close` then only disconnects. The service exits when
+    ``<service_dir>/../STOP`` appears or after ``idle_exit_s`` with no client connected."""
 
     def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1,
                  service_dir: str | Path | None = None, idle_exit_s: float = 900.0):
