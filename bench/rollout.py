@@ -7,7 +7,9 @@ Two tiny agents (Qwen2- and Llama-style), each behind its own continuously batch
 process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
 tree per problem, grading every node on public tests in the sandbox; (b) the same engines get every request the
 search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
-generated tokens/s of both, their ratio (search / raw), and engine starts.
+generated tokens/s of both, their ratio (search / raw), and engine starts; (c) the same search with the wave
+schedule (the engines without ``submit``: one generate call per agent per wave, agents in turn), for the ratio of
+the asynchronous search to it.
 
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
 as (trees asking it) allow: with two agents, ``--problems`` should be about 2 × ``--batch-size`` for the engines to
@@ -72,7 +74,7 @@ def main() -> None:
     from mars2.data import problem_from_lcb_row, toy_benchmark
     from mars2.sandbox import GradeJob, grade_many
     from mars2.search.ab_mcts import ABMCTSA
-    from mars2.search.tree_search import run_tree_search
+    from mars2.search.tree_search import AgentRunner, run_tree_search
 
     cores = os.cpu_count() or 1
     threads = max(1, cores // 2)  # two engines side by side
@@ -93,6 +95,23 @@ def main() -> None:
                                grade=grade, seed=0, expansions_per_wave=args.expansions_per_wave)
         return rows, time.perf_counter() - t0
 
+    class OneCallPerWave:
+        """The same engine without ``submit``: the search falls back to one generate call per agent per wave."""
+
+        def __init__(self, backend):
+            self.backend = backend
+
+        def generate(self, prompts, params, seeds=None):
+            return self.backend.generate(prompts, params, seeds)
+
+    waves = {n: AgentRunner(OneCallPerWave(a.backend), a.tokenizer) for n, a in agents.items()}
+
+    def waves_once():
+        t0 = time.perf_counter()
+        rows = run_tree_search(problems, waves, policy=ABMCTSA(), max_nodes=args.max_nodes, sampling=sampling,
+                               grade=grade, seed=0, expansions_per_wave=args.expansions_per_wave)
+        return sum(r["response_len"] for r in rows), time.perf_counter() - t0
+
     def raw_once(rows):
         """Every request of the search known up front: all agents' engines get all their requests at once."""
         t0 = time.perf_counter()
@@ -111,7 +130,7 @@ def main() -> None:
             out.append((c["steps"], c["rows_stepped"], c["prefills"]))
         return [sum(x) for x in zip(*out, strict=True)]
 
-    search_runs, raw_runs, batching = [], [], {"search": [0, 0, 0], "raw": [0, 0, 0]}
+    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0, 0, 0], "raw": [0, 0, 0]}
     try:
         for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
             c0 = counters()
@@ -122,19 +141,23 @@ def main() -> None:
             c2 = counters()
             for side, (a, b) in (("search", (c0, c1)), ("raw", (c1, c2))):
                 batching[side] = [t + y - x for t, x, y in zip(batching[side], a, b, strict=True)]
+            wave_runs.append(waves_once())
     finally:
         starts = sum(getattr(r.backend, "starts", 1) for r in agents.values())
         for runner in agents.values():
             getattr(runner.backend, "close", lambda: None)()
     search_tokens, search_s = sorted(search_runs, key=lambda x: x[0] / x[1])[len(search_runs) // 2]
     raw_tokens, raw_s = sorted(raw_runs, key=lambda x: x[0] / x[1])[len(raw_runs) // 2]
-    search_tps, raw_tps = search_tokens / search_s, raw_tokens / raw_s
+    wave_tokens, wave_s = sorted(wave_runs, key=lambda x: x[0] / x[1])[len(wave_runs) // 2]
+    search_tps, raw_tps, wave_tps = search_tokens / search_s, raw_tokens / raw_s, wave_tokens / wave_s
     print(f"problems={args.problems} max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
           f"engine={args.engine} batch_size={args.batch_size} threads/engine={threads} "
           f"expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
     print(f"tree search : {search_tokens:7d} tokens in {search_s:6.2f} s = {search_tps:8.1f} tok/s (incl. public-test grading)")
     print(f"raw engines : {raw_tokens:7d} tokens in {raw_s:6.2f} s = {raw_tps:8.1f} tok/s (every request at once)")
-    print(f"ratio search/raw = {search_tps / raw_tps:.2f}")
+    print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tps:8.1f} tok/s (one generate call per "
+          f"agent per wave, the same engines)")
+    print(f"ratio search/raw = {search_tps / raw_tps:.2f}   ratio search/wave search = {search_tps / wave_tps:.2f}")
     for side, (steps, rows_stepped, prefills) in batching.items():
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size}, "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills)")
