@@ -122,15 +122,15 @@ def main() -> None:
         return tokens, time.perf_counter() - t0
 
     def counters():
-        """Σ over engines of (decode steps, rows stepped, prefills)."""
+        """Σ over engines of (decode steps, rows stepped, requests waiting at a step, prefills)."""
         out = []
         for runner in agents.values():
             b = runner.backend
             c = b.health() if hasattr(b, "health") else vars(b.batcher)
-            out.append((c["steps"], c["rows_stepped"], c["prefills"]))
+            out.append((c["steps"], c["rows_stepped"], c["waiting_stepped"], c["prefills"]))
         return [sum(x) for x in zip(*out, strict=True)]
 
-    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0, 0, 0], "raw": [0, 0, 0]}
+    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 4, "raw": [0] * 4}
     try:
         for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
             c0 = counters()
@@ -158,8 +158,9 @@ def main() -> None:
     print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tps:8.1f} tok/s (one generate call per "
           f"agent per wave, the same engines)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}   ratio search/wave search = {search_tps / wave_tps:.2f}")
-    for side, (steps, rows_stepped, prefills) in batching.items():
-        print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size}, "
+    for side, (steps, rows_stepped, waiting_stepped, prefills) in batching.items():
+        print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
+              f"(requests at the engine {(rows_stepped + waiting_stepped) / max(steps, 1):6.1f}), "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills)")
     print(f"engine starts: {starts} (one engine per agent, kept for every search and raw run)")
 

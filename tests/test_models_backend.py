@@ -127,3 +127,46 @@ def test_the_sampler_draws_from_the_tempered_top_p_distribution():
         assert torch.allclose(logprob.exp(), torch.as_tensor(expected)[token].float(), atol=1e-5)
     u = row_uniforms(seeds[:3], 0)
     assert (u >= 0).all() and (u < 1).all() and len(set(u)) == 3 and (row_uniforms(seeds[:3], 1) != u).all()
+
+
+def test_length_groups_split_sorted_prompts_where_padding_would_exceed_the_bound():
+    from mars2.backends.continuous import length_groups
+
+    def padding(lengths, group):
+        chunk = lengths[group]
+        return chunk[-1] * len(chunk) / sum(chunk) - 1
+
+    lengths = [5, 6, 6, 7, 40, 41, 44, 300]
+    groups = length_groups(lengths, 0.25)
+    assert [lengths[g] for g in groups] == [[5, 6, 6, 7], [40, 41, 44], [300]]
+    assert all(padding(lengths, g) <= 0.25 for g in groups)
+    assert length_groups(lengths, 100.0) == [slice(0, 8)]  # any padding allowed: one prefill
+    assert length_groups([9], 0.0) == [slice(0, 1)] and length_groups([4, 4, 4], 0.0) == [slice(0, 3)]
+
+
+def test_prompts_of_different_lengths_admitted_together_prefill_in_groups_and_sample_as_alone(tiny_model_dir):
+    """One admission of short and long prompts runs one prefill per length group (no short prompt padded to the long
+    ones), joins them to the batch in one merge, and each request samples what it samples alone."""
+    from mars2.backends.continuous import ContinuousBatcher, length_groups
+
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    short = [tok("def f(x):")["input_ids"], tok("print(x)")["input_ids"]]
+    long = [tok("read n numbers and print the largest of them " * 6)["input_ids"],
+            tok("read n numbers and print the smallest one of them " * 6)["input_ids"]]
+    assert 3 * max(map(len, short)) < min(map(len, long))
+    kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=12)
+
+    def batcher():
+        return ContinuousBatcher(backend.model, pad_id=tok.pad_token_id, stop_ids=backend.stop_ids, max_batch=8)
+
+    together = batcher()
+    with together.drained():  # hold the decode thread so that all four are admitted at once
+        futures = together.submit_many([(ids, 100 + i) for i, ids in enumerate([long[0], *short, long[1]])], **kw)
+    got = [f.result(timeout=60) for f in futures]
+    groups = length_groups(sorted(map(len, [*short, *long])), together.max_padding)
+    assert together.prefills == len(groups) >= 2 and together.steps >= 1
+    for i, ids in enumerate([long[0], *short, long[1]]):
+        alone = batcher().submit(ids, seed=100 + i, **kw).result(timeout=60)
+        assert alone.response_ids == got[i].response_ids
+        assert alone.logprobs == pytest.approx(got[i].logprobs, abs=1e-5)
+    together.close()

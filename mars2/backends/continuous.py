@@ -71,13 +71,15 @@ class ContinuousBatcher:
     the model (for an in-place weight load)."""
 
     def __init__(self, model, *, pad_id: int, stop_ids: list[int], device: str = "cpu", max_batch: int = 32,
-                 admit_after_steps: int = 4):
+                 admit_after_steps: int = 4, max_padding: float = 0.25):
         self.model = model
         self.pad_id = int(pad_id)
         self.stop_ids = list(stop_ids)
         self.device = device
         self.max_batch = max(1, int(max_batch))
         self.admit_after_steps = admit_after_steps
+        self.max_padding = max_padding
+        self._last_logits_only = last_logits_only(model)
         self.model_lock = threading.Lock()  # held while the model computes
         self._cv = threading.Condition()
         self._waiting: deque[_Request] = deque()
@@ -88,7 +90,8 @@ class ContinuousBatcher:
         self._cache = self._mask = self._last = self._pos = None
         self.steps = 0  # decode steps run (a batched forward pass of the running rows each)
         self.rows_stepped = 0  # Σ over steps of the rows in the batch: rows_stepped / steps = mean batch size
-        self.prefills = 0  # admissions (a batched forward pass of the admitted prompts each)
+        self.waiting_stepped = 0  # Σ over steps of the requests waiting: (rows + waiting) / steps = mean demand
+        self.prefills = 0  # prefill forward passes (an admission runs one per group of similar prompt lengths)
 
     def submit(self, prompt_ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int,
                seed: int) -> Future:
@@ -195,22 +198,31 @@ class ContinuousBatcher:
         return len(self._waiting) >= group or self.steps - self._waiting[0].queued_at >= self.admit_after_steps
 
     def _admit(self, requests: list[_Request]) -> None:
+        """Prefill ``requests`` in groups of similar prompt length (:func:`length_groups`), then join them to the
+        running batch in one merge. Only the last position's logits are computed ([b, 1, vocab])."""
         import torch
 
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for b, r in enumerate(requests):
-            ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            mask[b, width - len(r.prompt_ids):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        self.prefills += 1
-        check_cache_layers(out.past_key_values)
-        pos = mask.sum(-1)
-        self._merge(requests, out.past_key_values, mask, pos, out.logits[:, -1, :])
+        requests = sorted(requests, key=lambda r: len(r.prompt_ids))
+        caches, masks, logits = [], [], []
+        for group in length_groups([len(r.prompt_ids) for r in requests], self.max_padding):
+            chunk = requests[group]
+            width = len(chunk[-1].prompt_ids)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for b, r in enumerate(chunk):
+                ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
+                mask[b, width - len(r.prompt_ids):] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                 **self._last_logits_only)
+            self.prefills += 1
+            check_cache_layers(out.past_key_values)
+            caches.append(out.past_key_values)
+            masks.append(mask)
+            logits.append(out.logits[:, -1, :])
+        self._merge(requests, caches, masks, torch.cat(logits))
 
     def _step(self) -> None:
         import torch
@@ -222,20 +234,23 @@ class ContinuousBatcher:
         self._cache, self._mask, self._pos = out.past_key_values, mask, self._pos + 1
         self.steps += 1
         self.rows_stepped += len(self._rows)
+        self.waiting_stepped += len(self._waiting)
         self._sample_and_evict(self._rows, out.logits[:, -1, :])
 
-    def _merge(self, requests, cache, mask, pos, logits) -> None:
-        """Sample the new rows' first tokens, then join them (and their cache) to the running batch."""
+    def _merge(self, requests, caches: list, masks: list, logits) -> None:
+        """Sample the new rows' first tokens, then join them (their prefills' caches, in one concatenation) to the
+        running batch."""
         import torch
 
+        pos = torch.cat([m.sum(-1) for m in masks])
         if self._rows:
-            cache, mask = concat_caches(self._cache, self._mask, cache, mask)
-            pos = torch.cat([self._pos, pos])
-        self._cache, self._mask, self._pos = cache, mask, pos
+            caches, masks, pos = [self._cache, *caches], [self._mask, *masks], torch.cat([self._pos, pos])
+        self._cache, self._mask = concat_caches(caches, masks)
+        self._pos = pos
         old = self._rows
         self._rows = [*old, *requests]
-        self._last = torch.cat([self._last, torch.zeros(len(requests), dtype=torch.long, device=mask.device)]) \
-            if old else torch.zeros(len(requests), dtype=torch.long, device=mask.device)
+        self._last = torch.cat([self._last, torch.zeros(len(requests), dtype=torch.long, device=pos.device)]) \
+            if old else torch.zeros(len(requests), dtype=torch.long, device=pos.device)
         self._sample_and_evict(requests, logits, offset=len(old))
 
     def _sample_and_evict(self, rows: list[_Request], logits, offset: int = 0) -> None:
@@ -281,6 +296,14 @@ class ContinuousBatcher:
         self._mask, self._last, self._pos = mask[:, first:], self._last[index], self._pos[index]
 
 
+def last_logits_only(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it: a prefill needs the last position's logits only
+    ([B, 1, vocab] instead of [B, L, vocab])."""
+    import inspect
+
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
 def check_cache_layers(cache) -> None:
     """The merge and the eviction pad and slice ``keys``/``values`` [B, H, L, D]: full-attention dynamic layers only."""
     from transformers.cache_utils import DynamicLayer
@@ -291,13 +314,28 @@ def check_cache_layers(cache) -> None:
                                       f"cache has {type(layer).__name__}")
 
 
-def concat_caches(cache_a, mask_a, cache_b, mask_b):
-    """Stack two batches' caches on the batch axis, left-padding the shorter along the sequence axis:
-    keys/values [Ba, H, La, D] and [Bb, H, Lb, D] → [Ba + Bb, H, max(La, Lb), D]; masks likewise [B, L]."""
+def length_groups(lengths: list[int], max_padding: float) -> list[slice]:
+    """Split sorted prompt ``lengths`` into consecutive groups each prefilled as one left-padded batch, starting a
+    new group where padding every prompt so far to the next length would exceed ``max_padding`` of the group's
+    tokens: padded tokens cost a prefill as much as real ones (attention quadratically), while a prefill of a few
+    long prompts costs about as much per token as a large one."""
+    groups, start = [], 0
+    for i in range(1, len(lengths) + 1):
+        if i == len(lengths) or lengths[i] * (i + 1 - start) > (1 + max_padding) * sum(lengths[start:i + 1]):
+            groups.append(slice(start, i))
+            start = i
+    return groups
+
+
+def concat_caches(caches: list, masks: list):
+    """Stack batches' caches on the batch axis, left-padding the shorter along the sequence axis: keys/values
+    [B_i, H, L_i, D] → [Σ B_i, H, max L_i, D] (into the first cache); masks [B_i, L_i] likewise."""
     import torch
     import torch.nn.functional as F
 
-    width = max(mask_a.shape[1], mask_b.shape[1])
+    if len(caches) == 1:
+        return caches[0], masks[0]
+    width = max(m.shape[1] for m in masks)
 
     def left_pad(t, axis_from_end: int):
         missing = width - t.shape[-axis_from_end]
@@ -306,7 +344,7 @@ def concat_caches(cache_a, mask_a, cache_b, mask_b):
         pad = [0, 0] * (axis_from_end - 1) + [missing, 0]
         return F.pad(t, pad)
 
-    for la, lb in zip(cache_a.layers, cache_b.layers, strict=True):
-        la.keys = torch.cat([left_pad(la.keys, 2), left_pad(lb.keys, 2)])
-        la.values = torch.cat([left_pad(la.values, 2), left_pad(lb.values, 2)])
-    return cache_a, torch.cat([left_pad(mask_a, 1), left_pad(mask_b, 1)])
+    for layers in zip(*(c.layers for c in caches), strict=True):
+        layers[0].keys = torch.cat([left_pad(layer.keys, 2) for layer in layers])
+        layers[0].values = torch.cat([left_pad(layer.values, 2) for layer in layers])
+    return caches[0], torch.cat([left_pad(m, 1) for m in masks])

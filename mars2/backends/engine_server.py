@@ -58,7 +58,8 @@ class TransformersEngine:
 
     def counters(self) -> dict:
         b = self.backend.batcher
-        return {"steps": b.steps, "rows_stepped": b.rows_stepped, "prefills": b.prefills}
+        return {"steps": b.steps, "rows_stepped": b.rows_stepped, "waiting_stepped": b.waiting_stepped,
+                "prefills": b.prefills}
 
     def shutdown(self) -> None:
         self.backend.batcher.close()
