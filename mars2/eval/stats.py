@@ -1,0 +1,98 @@
+"""Paired bootstrap confidence intervals over problems (and seeds) for the difference between two arms.
+
+Two arms are evaluated on the same problems, each with one or more seeds (independent training runs). Arm A's
+per-problem scores are a [S_a, P] array (a problem's Pass@1 in that run: the fraction of its samples that pass, or
+0/1 for a tree's final node), arm B's [S_b, P] over the same P problems in the same order. The effect is
+
+    Δ = mean_{s, p} A[s, p] − mean_{s, p} B[s, p]
+
+and its uncertainty has two sources: which problems were drawn (the same problems for both arms, so the
+resampling is *paired*: a hard problem is hard for both, and that shared difficulty cancels in Δ) and which training
+runs were drawn (the seeds, independent between arms). :func:`paired_bootstrap` resamples both: each replicate draws
+P problem indices with replacement (shared by A and B) and, per arm, S seeds with replacement, and recomputes Δ; the
+interval is the percentile interval of the replicates. Resampling both levels counts the per-sample noise twice, so
+the interval is conservative when runs barely differ (in simulation: 100% coverage at 1.4× the needed width with no
+run effect; 95% at 1.1× with a run effect of sd 0.03 over 3 seeds). A claim "A > B" then *holds* when the whole interval is above
+zero, *does not hold* when it is below zero, and is *inconclusive* otherwise (:func:`verdict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+VERDICTS = ("holds", "does not hold", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Δ = mean(A) − mean(B), its ``level`` percentile bootstrap interval [low, high], and the counts behind it."""
+
+    delta: float
+    low: float
+    high: float
+    level: float
+    problems: int
+    seeds_a: int
+    seeds_b: int
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.low, self.high)
+
+    def __str__(self) -> str:
+        return f"{self.delta:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
+
+
+def verdict(low: float, high: float) -> str:
+    """"holds" when the interval of A − B is above 0, "does not hold" when below 0, else "inconclusive"."""
+    if low > 0:
+        return "holds"
+    if high < 0:
+        return "does not hold"
+    return "inconclusive"
+
+
+def as_runs(scores) -> np.ndarray:
+    """Per-problem scores as a float array [S, P] (a 1-D array is one run)."""
+    a = np.asarray(scores, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"per-problem scores must be [seeds, problems] with at least one of each, got {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("per-problem scores contain NaN or inf")
+    return a
+
+
+def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> Interval:
+    """Percentile bootstrap interval of Δ = mean(A) − mean(B): ``a`` [S_a, P] and ``b`` [S_b, P] (or [P]) are
+    per-problem scores on the same P problems. Each of ``n_boot`` replicates resamples the problems (paired: one
+    index draw for both arms) and each arm's seeds (independently), then averages."""
+    a, b = as_runs(a), as_runs(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"the arms must be scored on the same problems: {a.shape[1]} vs {b.shape[1]}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    n_problems = a.shape[1]
+    delta = float(a.mean() - b.mean())
+    replicates = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(1, n_problems * max(a.shape[0], b.shape[0])))
+    for start in range(0, n_boot, chunk):
+        n = min(chunk, n_boot - start)
+        problems = rng.integers(0, n_problems, size=(n, n_problems))  # [n, P], shared by both arms
+        replicates[start:start + n] = (resampled_mean(a, problems, rng) - resampled_mean(b, problems, rng))
+    tail = (1 - level) / 2
+    low, high = np.quantile(replicates, [tail, 1 - tail])
+    return Interval(delta, float(low), float(high), level, n_problems, a.shape[0], b.shape[0])
+
+
+def resampled_mean(runs: np.ndarray, problems: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Mean over resampled seeds and the given problem draws: runs [S, P], problems [n, P] → [n]. The seeds of each
+    replicate are drawn with replacement, so a seed's weight is its count k_s / S."""
+    n, n_seeds = problems.shape[0], runs.shape[0]
+    weights = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n) / n_seeds  # [n, S]
+    per_problem = np.einsum("ns,snp->np", weights, runs[:, problems])  # [n, P]: seed-weighted scores of the draws
+    return per_problem.mean(axis=1)

@@ -1,0 +1,73 @@
+"""Paired bootstrap intervals over problems and seeds (mars2.eval.stats)."""
+
+import numpy as np
+import pytest
+
+from mars2.eval.stats import paired_bootstrap, verdict
+
+
+def test_verdicts_follow_the_interval():
+    assert verdict(0.01, 0.2) == "holds"
+    assert verdict(-0.2, -0.01) == "does not hold"
+    assert verdict(-0.1, 0.1) == "inconclusive" and verdict(0.0, 0.0) == "inconclusive"
+
+
+def test_a_constant_lead_gives_a_tight_interval_around_it():
+    rng = np.random.default_rng(0)
+    b = rng.random((3, 200))
+    ci = paired_bootstrap(b + 0.1, b, n_boot=2000)
+    assert ci.delta == pytest.approx(0.1)
+    # per problem the lead is exactly 0.1, but seeds are resampled per arm, so the interval has the seeds' width
+    assert ci.low > 0.05 and ci.high < 0.15 and ci.verdict == "holds"
+    assert (ci.problems, ci.seeds_a, ci.seeds_b) == (200, 3, 3)
+    same = paired_bootstrap(b[:1], b[:1], n_boot=500)
+    assert (same.delta, same.low, same.high, same.verdict) == (0.0, 0.0, 0.0, "inconclusive")
+    assert paired_bootstrap(b, b + 0.1, n_boot=2000).verdict == "does not hold"
+
+
+def test_pairing_cancels_the_difficulty_both_arms_share():
+    """Problems differ a lot in difficulty, arms little: the paired interval is much narrower than resampling each
+    arm's problems independently would give."""
+    rng = np.random.default_rng(1)
+    difficulty = rng.random(300)
+    a = np.clip(difficulty + 0.03 + rng.normal(0, 0.05, 300), 0, 1)
+    b = np.clip(difficulty + rng.normal(0, 0.05, 300), 0, 1)
+    paired = paired_bootstrap(a, b, n_boot=3000)
+    draws = rng.integers(0, 300, size=(3000, 2, 300))
+    unpaired = a[draws[:, 0]].mean(1) - b[draws[:, 1]].mean(1)
+    width_unpaired = np.subtract(*np.quantile(unpaired, [0.975, 0.025]))
+    assert paired.high - paired.low < width_unpaired / 3
+    assert paired.verdict == "holds"
+
+
+def test_intervals_cover_the_true_difference_at_least_at_their_level_and_are_not_much_wider():
+    """Simulated arms with a known effect: per-problem pass probabilities shared by both arms (+0.05 for A), each
+    training run (seed) shifting all its problems by a run effect, each seed's Pass@1 over 4 samples. Resampling
+    problems and seeds is conservative (sampling noise is counted at both levels): coverage ≥ 95% within noise,
+    the interval at most 1.6× as wide as the spread of the estimate over the trials calls for."""
+    rng = np.random.default_rng(2)
+    n_trials, problems, seeds = 150, 120, 3
+    covered, widths, deltas = 0, [], []
+    for trial in range(n_trials):
+        p = rng.beta(0.7, 0.7, size=problems)
+        q = np.clip(p + 0.05, 0, 1)
+        run_a, run_b = rng.normal(0, 0.03, (seeds, 1)), rng.normal(0, 0.03, (seeds, 1))
+        a = rng.binomial(4, np.clip(q + run_a, 0, 1)) / 4
+        b = rng.binomial(4, np.clip(p + run_b, 0, 1)) / 4
+        ci = paired_bootstrap(a, b, n_boot=1000, seed=trial)
+        covered += ci.low <= 0.05 <= ci.high
+        widths.append(ci.high - ci.low)
+        deltas.append(ci.delta)
+    assert covered / n_trials >= 0.92, covered / n_trials
+    assert np.mean(widths) <= 1.6 * 2 * 1.96 * np.std(deltas), (np.mean(widths), np.std(deltas))
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="same problems"):
+        paired_bootstrap(np.zeros((2, 5)), np.zeros((2, 6)))
+    with pytest.raises(ValueError, match="NaN"):
+        paired_bootstrap([0.0, np.nan], [0.0, 1.0])
+    with pytest.raises(ValueError, match=r"\[seeds, problems\]"):
+        paired_bootstrap(np.zeros((0, 3)), np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="level"):
+        paired_bootstrap([1.0], [0.0], level=1.5)
