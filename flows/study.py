@@ -6,8 +6,9 @@
 
 Every arm × seed is a ``train-cycle`` flow run (and the base arm an ``evaluate`` run) nested under one MLflow
 parent run; all arms see the same problems and the same number of programs per problem per cycle (checked
-before anything runs). Results: ``<out_dir>/study.md`` (the table and the command), ``runs.csv``,
-``comparison.png`` and ``learning_curves.png``, also logged to the parent run.
+before anything runs). Results: ``<out_dir>/study.md`` (the table, the claims of ``study.claims`` with their
+paired bootstrap intervals, the command), ``runs.csv``, ``per_problem.csv`` (every run's per-problem scores),
+``claims.csv``, ``comparison.png`` and ``learning_curves.png``, also logged to the parent run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from prefect.runtime import flow_run
 from flows.evaluate import compose_eval, evaluate_agents
 from flows.train_cycle import train_cycle
 from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
-from mars2.eval.compare import comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
+from mars2.eval.compare import (METRICS, claim_intervals, claims_markdown, comparison_table, per_problem_scores,
+                                plot_comparison, plot_learning_curves, run_row, to_markdown)
 from mars2.io import atomic_write_text
 from tasks import tracking
 from tasks.cli import run_flow_from_cli
@@ -52,6 +54,11 @@ def compose_study(overrides: list[str]) -> StudyConfig:
         raise ConfigError(f"arms differ in sample budget (programs per training problem per cycle): {budgets}; "
                           "set search.max_nodes / search.n_samples so they are equal")
     compose_eval(base_overrides(study, study.seeds[0]))
+    for claim in study.claims:
+        unknown = {claim.better, claim.worse} - {"base", *study.arms}
+        if unknown or claim.metric not in METRICS or not claim.name:
+            raise ConfigError(f"study claim {claim.name or '(unnamed)'!r}: needs a name, arms among "
+                              f"{['base', *study.arms]} (unknown: {sorted(unknown)}) and a metric among {METRICS}")
     return study
 
 
@@ -83,25 +90,34 @@ def study_flow(overrides: list[str] | None = None) -> dict:
                                 flow_run_id=str(flow_run.id), run_name=f"study-{study.name}-{flow_run.name}",
                                 kind="study")
     nest = [f"paths.parent_run={parent}"]
-    rows, curves = [], []
+    rows, curves, problems = [], [], []
     try:
         for seed in study.seeds:
             base = evaluate_agents([*base_overrides(study, seed), *nest, "+paths.tags.arm=base"])
             base_row = run_row(prefixed(base["eval"]), agent=study.agent)
             rows.append({"arm": "base", "seed": seed, "run_id": base["run_id"], **base_row})
+            problems.append(final_per_problem(base, study.agent).assign(arm="base", seed=seed))
             for arm in study.arms:
                 result = train_cycle([*arm_overrides(study, arm, seed), *nest, f"+paths.tags.arm={arm}"])
                 rows.append({"arm": arm, "seed": seed, "run_id": result["run_id"],
                              **run_row(prefixed(result["eval"]), agent=study.agent)})
+                problems.append(final_per_problem(result, study.agent).assign(arm=arm, seed=seed))
                 curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
                 curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
                            tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]
-        summary = write_results(study, cfg, parent, pd.DataFrame(rows), pd.DataFrame(curves), overrides or [])
+        summary = write_results(study, cfg, parent, pd.DataFrame(rows), pd.DataFrame(curves),
+                                pd.concat(problems, ignore_index=True), overrides or [])
     except BaseException:
         tracking.end_run(cfg, parent, "FAILED")
         raise
     tracking.end_run(cfg, parent, "FINISHED")
     return summary
+
+
+def final_per_problem(result: dict, agent: str) -> pd.DataFrame:
+    """A run's per-problem scores from its last evaluation stage's ``results.parquet``."""
+    folder = [row["dir"] for row in result["stages"] if row["stage"] == "eval"][-1]
+    return per_problem_scores(pd.read_parquet(Path(folder) / "results.parquet"), agent=agent)
 
 
 def prefixed(eval_metrics: dict[str, float]) -> dict[str, float]:
@@ -116,7 +132,7 @@ def pass_at_1_kind(evaluation: EvalConfig) -> str:
 
 
 def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.DataFrame, curves: pd.DataFrame,
-                  overrides: list[str]) -> dict:
+                  per_problem: pd.DataFrame, overrides: list[str]) -> dict:
     out = Path(study.out_dir or Path(cfg.paths.root) / "study" / study.name)
     out.mkdir(parents=True, exist_ok=True)
     table = comparison_table(runs.to_dict(orient="records"))
@@ -127,9 +143,17 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
             f"Seeds: {list(study.seeds)}; Pass@1 = {pass_at_1_kind(cfg.eval)} of `{study.agent}`; Pass@1(MCTS) and "
             f"Pass@N = the arm's team tree ({cfg.eval.max_nodes} nodes); all on the {problems} problems."
             f"\n\n{to_markdown(table)}")
+    claims = claim_intervals(per_problem, study.claims, n_boot=study.n_boot) if study.claims else None
+    if claims is not None:
+        text += (f"\n\n## Claims\n\nΔ = mean over problems and seeds of the better arm minus the other; "
+                 f"95% paired bootstrap interval over problems and seeds ({study.n_boot} replicates). "
+                 f"A claim holds when the interval is above 0, does not hold when below, else is inconclusive."
+                 f"\n\n{claims_markdown(claims)}")
+        atomic_write_text(out / "claims.csv", claims.to_csv(index=False))
     atomic_write_text(out / "study.md", text)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     atomic_write_text(out / "curves.csv", curves.to_csv(index=False))
+    atomic_write_text(out / "per_problem.csv", per_problem.to_csv(index=False))
     plot_comparison(table, out / "comparison.png")
     if len(curves):
         plot_learning_curves(curves, out / "learning_curves.png",
@@ -138,7 +162,8 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
         tracking.log_table(cfg, parent, f, "study")
     print(text)
     return {"run_id": parent, "out_dir": str(out), "runs": runs.to_dict(orient="records"),
-            "table": table.to_dict(orient="records")}
+            "table": table.to_dict(orient="records"),
+            "claims": [] if claims is None else claims.to_dict(orient="records")}
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")

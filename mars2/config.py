@@ -276,6 +276,17 @@ class PathsConfig:
 
 
 @dataclass
+class StudyClaim:
+    """A claim "arm ``better`` scores above arm ``worse`` on ``metric``" (pass_at_1 of the study's agent,
+    pass_at_1_mcts or pass_at_n of the team tree), tested with a paired bootstrap over problems and seeds."""
+
+    name: str = ""
+    metric: str = "pass_at_1"
+    better: str = ""
+    worse: str = ""
+
+
+@dataclass
 class StudyConfig:
     """flows/study.py: arms × seeds at an equal sample budget, then the comparison (RESULTS.md)."""
 
@@ -286,6 +297,8 @@ class StudyConfig:
     arms: dict[str, list[str]] = field(default_factory=dict)  # arm name → its overrides
     agent: str = "qwen_tiny"  # the agent present in every arm: its Pass@1 is the table's Pass@1 column
     out_dir: str | None = None  # tables and plots; null → <paths.root>/study/<name>
+    claims: list[StudyClaim] = field(default_factory=list)  # each reported as holds / does not hold / inconclusive
+    n_boot: int = 10_000  # bootstrap replicates per claim
 
 
 @dataclass

@@ -22,6 +22,48 @@ def test_study_config_composes_and_checks_equal_budgets():
                        "study.arms.grpo=['agents=tiny_cpu_warm_single','search=sampling','search.n_samples=3']"])
     with pytest.raises(ConfigError, match="at least one arm"):
         compose_study(["study=smoke", "study.seeds=[]"])
+    with pytest.raises(ConfigError, match=r"unknown: \['single'\]"):
+        compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_1, better: single, worse: grpo}]"])
+    with pytest.raises(ConfigError, match="a metric among"):
+        compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_2, better: base, worse: grpo}]"])
+
+
+def test_per_problem_scores_and_claims_from_evaluation_results():
+    """A run's results table → per-problem Pass@1 of the agent and the team tree's scores; claims tested on the
+    problems every seed of both arms scored, paired by problem."""
+    import numpy as np
+    import pandas as pd
+
+    from mars2.config import StudyClaim
+    from mars2.eval.compare import claim_intervals, claims_markdown, per_problem_scores
+
+    results = pd.DataFrame([
+        {"problem_id": "p1", "who": "qwen", "kind": "samples", "tplus": False, "pass_at_1": 0.5},
+        {"problem_id": "p2", "who": "qwen", "kind": "samples", "tplus": False, "pass_at_1": 0.0},
+        {"problem_id": "p1", "who": "llama", "kind": "samples", "tplus": False, "pass_at_1": 1.0},
+        {"problem_id": "p1", "who": "team", "kind": "tree", "tplus": False, "pass_at_1_mcts": 1.0, "pass_at_n": 1.0},
+        {"problem_id": "p1", "who": "team", "kind": "tree", "tplus": True, "pass_at_1_mcts": 0.0, "pass_at_n": 0.0},
+        {"problem_id": "p2", "who": "team", "kind": "tree", "tplus": False, "pass_at_1_mcts": 0.0, "pass_at_n": 1.0},
+    ])
+    mine = per_problem_scores(results, agent="qwen").set_index("problem_id")
+    assert mine.loc["p1"].tolist() == [0.5, 1.0, 1.0] and mine.loc["p2"].tolist() == [0.0, 0.0, 1.0]
+    assert per_problem_scores(results).set_index("problem_id").loc["p1", "pass_at_1"] == 0.75  # mean over agents
+
+    rng = np.random.default_rng(0)
+    difficulty = rng.random(80)
+    rows = [{"arm": arm, "seed": seed, "problem_id": f"p{i}", "pass_at_1": min(1.0, d + lift),
+             "pass_at_1_mcts": float(d > 0.5), "pass_at_n": np.nan}
+            for arm, lift in (("a", 0.1), ("b", 0.0)) for seed in (0, 1, 2) for i, d in enumerate(difficulty)]
+    rows = [r for r in rows if not (r["arm"] == "b" and r["seed"] == 2 and r["problem_id"] == "p0")]
+    claims = claim_intervals(pd.DataFrame(rows), [StudyClaim("lift", "pass_at_1", "a", "b"),
+                                                  StudyClaim("reverse", "pass_at_1", "b", "a"),
+                                                  StudyClaim("tie", "pass_at_1_mcts", "a", "b")], n_boot=500)
+    assert claims["verdict"].tolist() == ["holds", "does not hold", "inconclusive"]
+    assert (claims["problems"] == 79).all()  # p0 is missing in one seed of b: left out of every claim on b
+    assert 0.05 < claims.loc[0, "delta"] < 0.1 and claims.loc[0, "low"] <= claims.loc[0, "delta"] <= claims.loc[0, "high"]
+    assert "**holds**" in claims_markdown(claims)
+    with pytest.raises(ValueError, match="no per-problem pass_at_n"):
+        claim_intervals(pd.DataFrame(rows), [StudyClaim("n", "pass_at_n", "a", "b")])
 
 
 @pytest.mark.slow
@@ -35,6 +77,13 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     text = (out / "study.md").read_text()
     assert "| Base |" in text and "| GRPO |" in text and "| Heterogeneous (MARS²) |" in text
     assert "python flows/study.py study=smoke" in text
+    claims = list(csv.DictReader((out / "claims.csv").open()))
+    assert [c["claim"] for c in claims] == ["MARS² above GRPO"] and "## Claims" in text
+    assert claims[0]["verdict"] in ("holds", "does not hold", "inconclusive")
+    assert float(claims[0]["low"]) <= float(claims[0]["delta"]) <= float(claims[0]["high"])
+    per_problem = list(csv.DictReader((out / "per_problem.csv").open()))
+    assert {(r["arm"], r["seed"]) for r in per_problem} == {("base", "0"), ("grpo", "0"), ("heterogeneous", "0")}
+    assert int(claims[0]["problems"]) == len({r["problem_id"] for r in per_problem}) == 8
     assert (out / "comparison.png").stat().st_size > 1000 and (out / "learning_curves.png").stat().st_size > 1000
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         tags = db.execute("select run_uuid, key, value from tags").fetchall()

@@ -48,6 +48,59 @@ def run_row(metrics: dict[str, float], *, agent: str | None = None) -> dict[str,
     return {"pass_at_1": p1, "pass_at_1_mcts": get("team/pass_at_1_mcts"), "pass_at_n": get("team/pass_at_n")}
 
 
+def per_problem_scores(results: pd.DataFrame, *, agent: str | None = None) -> pd.DataFrame:
+    """One run's per-problem scores from its evaluation's results table (:func:`mars2.eval.report.per_problem_results`):
+    ``problem_id``, ``pass_at_1`` (``agent``'s samples, else the mean over agents), ``pass_at_1_mcts`` and
+    ``pass_at_n`` (the team tree, without T+); NaN where the run did not measure it."""
+    samples = results[results["kind"] == "samples"]
+    mine = samples[samples["who"] == agent] if agent is not None and (samples["who"] == agent).any() else samples
+    out = mine.groupby("problem_id", sort=True)["pass_at_1"].mean().rename("pass_at_1").to_frame()
+    trees = results[(results["kind"] == "tree") & (results["who"] == "team") & ~results["tplus"].astype(bool)]
+    out = out.join(trees.set_index("problem_id")[["pass_at_1_mcts", "pass_at_n"]], how="outer") if len(trees) else \
+        out.assign(pass_at_1_mcts=np.nan, pass_at_n=np.nan)
+    return out.reset_index()[["problem_id", *METRICS]]
+
+
+def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int = 10_000, seed: int = 0,
+                    level: float = 0.95) -> pd.DataFrame:
+    """Each claim (``name``, ``metric``, ``better``, ``worse`` arms) tested on ``per_problem`` (columns ``arm``,
+    ``seed``, ``problem_id`` and the metrics): Δ = mean(better) − mean(worse) over the problems both arms scored in
+    every seed, its paired bootstrap interval (:func:`mars2.eval.stats.paired_bootstrap`) and the verdict."""
+    from mars2.eval.stats import paired_bootstrap
+
+    rows = []
+    for claim in claims:
+        if claim.metric not in METRICS:
+            raise ValueError(f"claim {claim.name!r}: metric {claim.metric!r} is not one of {METRICS}")
+        grids = {}
+        for arm in (claim.better, claim.worse):
+            scored = per_problem[(per_problem["arm"] == arm)].dropna(subset=[claim.metric])
+            if scored.empty:
+                raise ValueError(f"claim {claim.name!r}: arm {arm!r} has no per-problem {claim.metric}")
+            grids[arm] = scored.pivot_table(index="seed", columns="problem_id", values=claim.metric)
+        better, worse = grids[claim.better], grids[claim.worse]
+        common = sorted(set(better.dropna(axis=1).columns) & set(worse.dropna(axis=1).columns))
+        if not common:
+            raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share no problem")
+        ci = paired_bootstrap(better[common].to_numpy(), worse[common].to_numpy(), n_boot=n_boot, seed=seed,
+                              level=level)
+        rows.append({"claim": claim.name, "metric": claim.metric, "better": claim.better, "worse": claim.worse,
+                     "delta": ci.delta, "low": ci.low, "high": ci.high, "level": level, "verdict": ci.verdict,
+                     "problems": ci.problems, "seeds_better": ci.seeds_a, "seeds_worse": ci.seeds_b})
+    return pd.DataFrame(rows, columns=["claim", "metric", "better", "worse", "delta", "low", "high", "level",
+                                       "verdict", "problems", "seeds_better", "seeds_worse"])
+
+
+def claims_markdown(claims: pd.DataFrame) -> str:
+    """The claims as Markdown: Δ and its interval in points (percent), the verdict, the counts behind it."""
+    lines = ["| claim | metric | Δ (points) | interval | verdict | problems × seeds |", "|---|---|---|---|---|---|"]
+    for r in claims.itertuples():
+        lines.append(f"| {r.claim} | {METRIC_NAMES[r.metric]}: {r.better} − {r.worse} | {100 * r.delta:+.1f} | "
+                     f"[{100 * r.low:+.1f}, {100 * r.high:+.1f}] ({100 * r.level:.0f}%) | **{r.verdict}** | "
+                     f"{r.problems} × {r.seeds_better}/{r.seeds_worse} |")
+    return "\n".join(lines)
+
+
 def comparison_table(rows: Sequence[dict], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
     """Per arm (in :data:`ARMS` order, others after): ``<metric>_mean``, ``<metric>_std``, ``n_seeds``."""
     frame = pd.DataFrame(list(rows))
