@@ -35,6 +35,7 @@ from mars2.io import atomic_write_text
 from tasks import tracking
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, load_cfg, to_yaml
+from tasks.weights import owner_of
 
 CONFIG_NAME = "study_config"
 
@@ -54,11 +55,17 @@ def compose_study(overrides: list[str]) -> StudyConfig:
         raise ConfigError(f"arms differ in sample budget (programs per training problem per cycle): {budgets}; "
                           "set search.max_nodes / search.n_samples so they are equal")
     compose_eval(base_overrides(study, study.seeds[0]))
+    for name, control in study.controls.items():
+        cfg = compose_eval(control_overrides(study, name, study.seeds[0], {}))
+        owners = {owner_of(m) for m in cfg.agents.members if m.shares_weights_with is None}
+        if not set(control.weights) <= owners or not set(control.weights.values()) <= set(study.arms):
+            raise ConfigError(f"study control {name!r}: weights must map owners among {sorted(owners)} to arms among "
+                              f"{sorted(study.arms)}, got {dict(control.weights)}")
     for claim in study.claims:
-        unknown = {claim.better, claim.worse} - {"base", *study.arms}
+        unknown = {claim.better, claim.worse} - {"base", *study.arms, *study.controls}
         if unknown or claim.metric not in METRICS or not claim.name:
             raise ConfigError(f"study claim {claim.name or '(unnamed)'!r}: needs a name, arms among "
-                              f"{['base', *study.arms]} (unknown: {sorted(unknown)}) and a metric among {METRICS}")
+                              f"{['base', *study.arms, *study.controls]} (unknown: {sorted(unknown)}) and a metric among {METRICS}")
     return study
 
 
@@ -81,6 +88,15 @@ def base_overrides(study: StudyConfig, seed: int) -> list[str]:
     return [*study.common, *study.base, *seed_overrides(seed)]
 
 
+def control_overrides(study: StudyConfig, name: str, seed: int, final_weights: dict[str, dict[str, str]]) -> list[str]:
+    """A control's evaluation: its agents, each owner of ``control.weights`` with the final weights of that arm's run
+    (``final_weights``: arm → {owner: model folder} of this seed's runs)."""
+    control = study.controls[name]
+    checkpoints = [f"+eval.checkpoints.{owner}='{final_weights[arm][owner]}'"
+                   for owner, arm in control.weights.items() if arm in final_weights]
+    return [*study.common, *control.overrides, *seed_overrides(seed), *checkpoints]
+
+
 @flow(name="study")
 def study_flow(overrides: list[str] | None = None) -> dict:
     """Run every arm × seed, then the comparison; returns the per-run rows and the table."""
@@ -97,11 +113,19 @@ def study_flow(overrides: list[str] | None = None) -> dict:
             base_row = run_row(prefixed(base["eval"]), agent=study.agent)
             rows.append({"arm": "base", "seed": seed, "run_id": base["run_id"], **base_row})
             problems.append(final_per_problem(base, study.agent).assign(arm="base", seed=seed))
+            trained: dict[str, dict[str, str]] = {}  # arm → {owner: final model folder} of this seed
             for arm in study.arms:
                 result = train_cycle([*arm_overrides(study, arm, seed), *nest, f"+paths.tags.arm={arm}"])
                 rows.append({"arm": arm, "seed": seed, "run_id": result["run_id"],
                              **run_row(prefixed(result["eval"]), agent=study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=arm, seed=seed))
+                trained[arm] = tracking.final_weights(cfg, result["run_id"])
+            for name in study.controls:
+                result = evaluate_agents([*control_overrides(study, name, seed, trained), *nest,
+                                          f"+paths.tags.arm={name}"])
+                rows.append({"arm": name, "seed": seed, "run_id": result["run_id"],
+                             **run_row(prefixed(result["eval"]), agent=study.agent)})
+                problems.append(final_per_problem(result, study.agent).assign(arm=name, seed=seed))
                 curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
                 curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
                            tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]

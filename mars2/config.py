@@ -287,6 +287,16 @@ class StudyClaim:
 
 
 @dataclass
+class StudyControl:
+    """An evaluation that separates training in a team from composing a team at test time: the agents of
+    ``overrides`` (e.g. the heterogeneous team), each weight owner named in ``weights`` with the final weights of
+    that arm's run of the same seed (e.g. each agent trained alone), the others with their base weights."""
+
+    overrides: list[str] = field(default_factory=list)
+    weights: dict[str, str] = field(default_factory=dict)  # weight owner → arm whose final weights it takes
+
+
+@dataclass
 class StudyConfig:
     """flows/study.py: arms × seeds at an equal sample budget, then the comparison (RESULTS.md)."""
 
@@ -297,6 +307,7 @@ class StudyConfig:
     arms: dict[str, list[str]] = field(default_factory=dict)  # arm name → its overrides
     agent: str = "qwen_tiny"  # the agent present in every arm: its Pass@1 is the table's Pass@1 column
     out_dir: str | None = None  # tables and plots; null → <paths.root>/study/<name>
+    controls: dict[str, StudyControl] = field(default_factory=dict)  # control name → its evaluation, after the arms
     claims: list[StudyClaim] = field(default_factory=list)  # each reported as holds / does not hold / inconclusive
     n_boot: int = 10_000  # bootstrap replicates per claim
 

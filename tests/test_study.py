@@ -24,8 +24,15 @@ def test_study_config_composes_and_checks_equal_budgets():
         compose_study(["study=smoke", "study.seeds=[]"])
     with pytest.raises(ConfigError, match=r"unknown: \['single'\]"):
         compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_1, better: single, worse: grpo}]"])
+    with pytest.raises(ConfigError, match="weights must map owners"):
+        compose_study(["study=smoke", "study.controls.composed.weights={qwen_tiny: single}"])
     with pytest.raises(ConfigError, match="a metric among"):
         compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_2, better: base, worse: grpo}]"])
+
+
+def db_params(root):
+    with sqlite3.connect(root / "mlflow.db") as db:
+        return db.execute("select run_uuid, key, value from params").fetchall()
 
 
 def test_per_problem_scores_and_claims_from_evaluation_results():
@@ -72,17 +79,20 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "study" / "smoke"
     runs = list(csv.DictReader((out / "runs.csv").open()))
-    assert sorted(row["arm"] for row in runs) == ["base", "grpo", "heterogeneous"]
+    assert sorted(row["arm"] for row in runs) == ["base", "composed", "grpo", "heterogeneous"]
     assert all(0.0 <= float(row["pass_at_1"]) <= 1.0 for row in runs)
     text = (out / "study.md").read_text()
     assert "| Base |" in text and "| GRPO |" in text and "| Heterogeneous (MARS²) |" in text
     assert "python flows/study.py study=smoke" in text
     claims = list(csv.DictReader((out / "claims.csv").open()))
-    assert [c["claim"] for c in claims] == ["MARS² above GRPO"] and "## Claims" in text
-    assert claims[0]["verdict"] in ("holds", "does not hold", "inconclusive")
-    assert float(claims[0]["low"]) <= float(claims[0]["delta"]) <= float(claims[0]["high"])
+    assert [c["claim"] for c in claims] == ["MARS² above GRPO", "training in the team above composing it"]
+    assert "## Claims" in text
+    for claim in claims:
+        assert claim["verdict"] in ("holds", "does not hold", "inconclusive")
+        assert float(claim["low"]) <= float(claim["delta"]) <= float(claim["high"])
     per_problem = list(csv.DictReader((out / "per_problem.csv").open()))
-    assert {(r["arm"], r["seed"]) for r in per_problem} == {("base", "0"), ("grpo", "0"), ("heterogeneous", "0")}
+    assert {(r["arm"], r["seed"]) for r in per_problem} == {("base", "0"), ("grpo", "0"), ("heterogeneous", "0"),
+                                                            ("composed", "0")}
     assert int(claims[0]["problems"]) == len({r["problem_id"] for r in per_problem}) == 8
     assert (out / "comparison.png").stat().st_size > 1000 and (out / "learning_curves.png").stat().st_size > 1000
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
@@ -93,4 +103,14 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     assert {row["run_id"] for row in runs} == children
     assert {kind[u] for u in children} == {"train", "evaluate"}
     arms = {v for u, k, v in tags if k == "mars2.arm" and u in children}
-    assert arms == {"base", "grpo", "heterogeneous"}
+    assert arms == {"base", "grpo", "heterogeneous", "composed"}
+    # the control evaluated the GRPO run's final qwen_tiny weights inside the heterogeneous team
+    params = {(u, k): v for u, k, v in db_params(tmp_path)}
+    composed = next(u for u, k, v in tags if k == "mars2.arm" and v == "composed")
+    grpo = next(u for u, k, v in tags if k == "mars2.arm" and v == "grpo")
+    from tasks import tracking
+    from tasks.config import compose_run
+
+    final = tracking.final_weights(compose_run([f"paths.root={tmp_path}"]), grpo)
+    assert params[(composed, "eval.checkpoints.qwen_tiny")] == final["qwen_tiny"]
+    assert params[(composed, "agents.paradigm")] == "heterogeneous"
