@@ -29,8 +29,8 @@ from prefect.runtime import flow_run
 from flows.evaluate import compose_eval, evaluate_agents
 from flows.train_cycle import train_cycle
 from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
-from mars2.eval.compare import (METRICS, claim_intervals, claims_markdown, comparison_table, per_problem_scores,
-                                plot_comparison, plot_learning_curves, run_row, to_markdown)
+from mars2.eval.compare import (METRICS, claim_intervals, claims_markdown, comparison_table, is_claim_metric,
+                                per_problem_scores, plot_comparison, plot_learning_curves, run_row, to_markdown)
 from mars2.io import atomic_write_text
 from tasks import tracking
 from tasks.cli import run_flow_from_cli
@@ -63,9 +63,10 @@ def compose_study(overrides: list[str]) -> StudyConfig:
                               f"{sorted(study.arms)}, got {dict(control.weights)}")
     for claim in study.claims:
         unknown = {claim.better, claim.worse} - {"base", *study.arms, *study.controls}
-        if unknown or claim.metric not in METRICS or not claim.name:
+        if unknown or not is_claim_metric(claim.metric) or not claim.name:
             raise ConfigError(f"study claim {claim.name or '(unnamed)'!r}: needs a name, arms among "
-                              f"{['base', *study.arms, *study.controls]} (unknown: {sorted(unknown)}) and a metric among {METRICS}")
+                              f"{['base', *study.arms, *study.controls]} (unknown: {sorted(unknown)}) and a metric among {METRICS} "
+                              "or pass_at_1/<agent>")
     return study
 
 

@@ -278,7 +278,8 @@ class PathsConfig:
 @dataclass
 class StudyClaim:
     """A claim "arm ``better`` scores above arm ``worse`` on ``metric``" (pass_at_1 of the study's agent,
-    pass_at_1_mcts or pass_at_n of the team tree), tested with a paired bootstrap over problems and seeds."""
+    pass_at_1/<agent> of that agent, pass_at_1_mcts or pass_at_n of the team tree), tested with a paired bootstrap
+    over problems and seeds."""
 
     name: str = ""
     metric: str = "pass_at_1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import sqlite3
 
+import numpy as np
 import pytest
 
 from mars2.config import ConfigError
@@ -38,7 +39,6 @@ def db_params(root):
 def test_per_problem_scores_and_claims_from_evaluation_results():
     """A run's results table → per-problem Pass@1 of the agent and the team tree's scores; claims tested on the
     problems every seed of both arms scored, paired by problem."""
-    import numpy as np
     import pandas as pd
 
     from mars2.config import StudyClaim
@@ -53,7 +53,9 @@ def test_per_problem_scores_and_claims_from_evaluation_results():
         {"problem_id": "p2", "who": "team", "kind": "tree", "tplus": False, "pass_at_1_mcts": 0.0, "pass_at_n": 1.0},
     ])
     mine = per_problem_scores(results, agent="qwen").set_index("problem_id")
-    assert mine.loc["p1"].tolist() == [0.5, 1.0, 1.0] and mine.loc["p2"].tolist() == [0.0, 0.0, 1.0]
+    assert list(mine.columns) == ["pass_at_1", "pass_at_1_mcts", "pass_at_n", "pass_at_1/llama", "pass_at_1/qwen"]
+    assert mine.loc["p1"].tolist() == [0.5, 1.0, 1.0, 1.0, 0.5]
+    assert mine.loc["p2"].tolist()[:3] == [0.0, 0.0, 1.0] and np.isnan(mine.loc["p2", "pass_at_1/llama"])
     assert per_problem_scores(results).set_index("problem_id").loc["p1", "pass_at_1"] == 0.75  # mean over agents
 
     rng = np.random.default_rng(0)
@@ -71,6 +73,11 @@ def test_per_problem_scores_and_claims_from_evaluation_results():
     assert "**holds**" in claims_markdown(claims)
     with pytest.raises(ValueError, match="no per-problem pass_at_n"):
         claim_intervals(pd.DataFrame(rows), [StudyClaim("n", "pass_at_n", "a", "b")])
+    with pytest.raises(ValueError, match="no per-problem pass_at_1/llama"):
+        claim_intervals(pd.DataFrame(rows), [StudyClaim("n", "pass_at_1/llama", "a", "b")])
+    each = pd.DataFrame(rows).assign(**{"pass_at_1/qwen": lambda f: f["pass_at_1"]})
+    named = claim_intervals(each, [StudyClaim("lift of qwen", "pass_at_1/qwen", "a", "b")], n_boot=200)
+    assert named.loc[0, "delta"] == claims.loc[0, "delta"] and "Pass@1 of qwen: a − b" in claims_markdown(named)
 
 
 @pytest.mark.slow

@@ -51,14 +51,26 @@ def run_row(metrics: dict[str, float], *, agent: str | None = None) -> dict[str,
 def per_problem_scores(results: pd.DataFrame, *, agent: str | None = None) -> pd.DataFrame:
     """One run's per-problem scores from its evaluation's results table (:func:`mars2.eval.report.per_problem_results`):
     ``problem_id``, ``pass_at_1`` (``agent``'s samples, else the mean over agents), ``pass_at_1_mcts`` and
-    ``pass_at_n`` (the team tree, without T+); NaN where the run did not measure it."""
+    ``pass_at_n`` (the team tree, without T+), and ``pass_at_1/<agent>`` for every agent that sampled; NaN where the
+    run did not measure it."""
     samples = results[results["kind"] == "samples"]
     mine = samples[samples["who"] == agent] if agent is not None and (samples["who"] == agent).any() else samples
     out = mine.groupby("problem_id", sort=True)["pass_at_1"].mean().rename("pass_at_1").to_frame()
     trees = results[(results["kind"] == "tree") & (results["who"] == "team") & ~results["tplus"].astype(bool)]
     out = out.join(trees.set_index("problem_id")[["pass_at_1_mcts", "pass_at_n"]], how="outer") if len(trees) else \
         out.assign(pass_at_1_mcts=np.nan, pass_at_n=np.nan)
-    return out.reset_index()[["problem_id", *METRICS]]
+    each = samples.pivot_table(index="problem_id", columns="who", values="pass_at_1")
+    out = out.join(each.rename(columns=lambda who: f"pass_at_1/{who}"), how="outer")
+    return out.reset_index()[["problem_id", *METRICS, *sorted(c for c in out.columns if c.startswith("pass_at_1/"))]]
+
+
+def is_claim_metric(metric: str) -> bool:
+    """A metric a claim can test: one of :data:`METRICS`, or ``pass_at_1/<agent>`` (that agent's Pass@1)."""
+    return metric in METRICS or (metric.startswith("pass_at_1/") and len(metric) > len("pass_at_1/"))
+
+
+def metric_name(metric: str) -> str:
+    return f"Pass@1 of {metric.split('/', 1)[1]}" if metric.startswith("pass_at_1/") else METRIC_NAMES[metric]
 
 
 def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int = 10_000, seed: int = 0,
@@ -70,11 +82,13 @@ def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int 
 
     rows = []
     for claim in claims:
-        if claim.metric not in METRICS:
-            raise ValueError(f"claim {claim.name!r}: metric {claim.metric!r} is not one of {METRICS}")
+        if not is_claim_metric(claim.metric):
+            raise ValueError(f"claim {claim.name!r}: metric {claim.metric!r} is not one of {METRICS} or "
+                             "pass_at_1/<agent>")
         grids = {}
         for arm in (claim.better, claim.worse):
-            scored = per_problem[(per_problem["arm"] == arm)].dropna(subset=[claim.metric])
+            of_arm = per_problem[per_problem["arm"] == arm]
+            scored = of_arm.dropna(subset=[claim.metric]) if claim.metric in of_arm.columns else of_arm.iloc[:0]
             if scored.empty:
                 raise ValueError(f"claim {claim.name!r}: arm {arm!r} has no per-problem {claim.metric}")
             grids[arm] = scored.pivot_table(index="seed", columns="problem_id", values=claim.metric)
@@ -95,7 +109,7 @@ def claims_markdown(claims: pd.DataFrame) -> str:
     """The claims as Markdown: Δ and its interval in points (percent), the verdict, the counts behind it."""
     lines = ["| claim | metric | Δ (points) | interval | verdict | problems × seeds |", "|---|---|---|---|---|---|"]
     for r in claims.itertuples():
-        lines.append(f"| {r.claim} | {METRIC_NAMES[r.metric]}: {r.better} − {r.worse} | {100 * r.delta:+.1f} | "
+        lines.append(f"| {r.claim} | {metric_name(r.metric)}: {r.better} − {r.worse} | {100 * r.delta:+.1f} | "
                      f"[{100 * r.low:+.1f}, {100 * r.high:+.1f}] ({100 * r.level:.0f}%) | **{r.verdict}** | "
                      f"{r.problems} × {r.seeds_better}/{r.seeds_worse} |")
     return "\n".join(lines)
