@@ -18,6 +18,9 @@ def test_study_config_composes_and_checks_equal_budgets():
     study = compose_study([])
     assert set(study.arms) == {"grpo", "single", "homogeneous", "heterogeneous"} and len(study.seeds) >= 2
     assert programs_per_problem(compose_run(["search=sampling", "search.n_samples=8", "agents=tiny_cpu_warm"])) == 16
+    heldout = compose_study(["study=heldout"])  # the held-out study: controls and claims that name them compose
+    assert len(heldout.seeds) >= 3 and "composed" in heldout.controls
+    assert {c.worse for c in heldout.claims} >= {"single", "single_llama", "base", "composed", "grpo"}
     with pytest.raises(ConfigError, match="sample budget"):
         compose_study(["study=smoke",
                        "study.arms.grpo=['agents=tiny_cpu_warm_single','search=sampling','search.n_samples=3']"])
