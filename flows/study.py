@@ -8,7 +8,8 @@ Every arm × seed is a ``train-cycle`` flow run (and the base arm an ``evaluate`
 parent run; all arms see the same problems and the same number of programs per problem per cycle (checked
 before anything runs). Results: ``<out_dir>/study.md`` (the table, the claims of ``study.claims`` with their
 paired bootstrap intervals, the command), ``runs.csv``, ``per_problem.csv`` (every run's per-problem scores),
-``claims.csv``, ``comparison.png`` and ``learning_curves.png``, also logged to the parent run.
+``claims.csv`` and ``claims.png`` (forest plot), ``arm_intervals.csv`` and ``arm_intervals.png`` (each arm's mean with
+its bootstrap interval), ``comparison.png`` and ``learning_curves.png``, all logged to the parent run.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from prefect.runtime import flow_run
 from flows.evaluate import compose_eval, evaluate_agents
 from flows.train_cycle import train_cycle
 from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
-from mars2.eval.compare import (METRICS, claim_intervals, claims_markdown, comparison_table, is_claim_metric,
-                                per_problem_scores, plot_comparison, plot_learning_curves, run_row, to_markdown)
+from mars2.eval.compare import (METRICS, arm_intervals, claim_intervals, claims_markdown, comparison_table,
+                                is_claim_metric, per_problem_scores, plot_arm_intervals, plot_claims, plot_comparison,
+                                plot_learning_curves, run_row, to_markdown)
 from mars2.io import atomic_write_text
 from tasks import tracking
 from tasks.cli import run_flow_from_cli
@@ -175,11 +177,17 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
                  f"A claim holds when the interval is above 0, does not hold when below, else is inconclusive."
                  f"\n\n{claims_markdown(claims)}")
         atomic_write_text(out / "claims.csv", claims.to_csv(index=False))
+        plot_claims(claims, out / "claims.png")
     atomic_write_text(out / "study.md", text)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     atomic_write_text(out / "curves.csv", curves.to_csv(index=False))
     atomic_write_text(out / "per_problem.csv", per_problem.to_csv(index=False))
     plot_comparison(table, out / "comparison.png")
+    if len(per_problem):
+        intervals = arm_intervals(per_problem, [m for m in per_problem.columns if is_claim_metric(m)],
+                                  n_boot=study.n_boot)
+        atomic_write_text(out / "arm_intervals.csv", intervals.to_csv(index=False))
+        plot_arm_intervals(intervals, out / "arm_intervals.png")
     if len(curves):
         plot_learning_curves(curves, out / "learning_curves.png",
                              ylabel=f"Pass@1 of {study.agent} ({'held-out' if held_out else 'training'})")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mars2.eval.stats import paired_bootstrap, verdict
+from mars2.eval.stats import bootstrap_mean, paired_bootstrap, verdict
 
 
 def test_verdicts_follow_the_interval():
@@ -71,3 +71,16 @@ def test_bad_inputs_are_refused():
         paired_bootstrap(np.zeros((0, 3)), np.zeros((1, 3)))
     with pytest.raises(ValueError, match="level"):
         paired_bootstrap([1.0], [0.0], level=1.5)
+
+
+def test_bootstrap_mean_covers_the_arm_mean_and_narrows_with_more_problems():
+    rng = np.random.default_rng(3)
+    small = rng.binomial(1, 0.4, size=(3, 40)).astype(float)
+    large = rng.binomial(1, 0.4, size=(3, 640)).astype(float)
+    a, b = bootstrap_mean(small, n_boot=2000), bootstrap_mean(large, n_boot=2000)
+    assert a.low < a.delta < a.high and b.low < b.delta < b.high
+    assert abs(a.delta - small.mean()) < 1e-12 and a.seeds_a == 3 and a.seeds_b == 0 and a.problems == 40
+    assert (b.high - b.low) < (a.high - a.low) / 2
+    assert b.low < 0.4 < b.high
+    with pytest.raises(ValueError):
+        bootstrap_mean(np.zeros((0, 3)))

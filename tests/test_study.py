@@ -39,7 +39,7 @@ def db_params(root):
         return db.execute("select run_uuid, key, value from params").fetchall()
 
 
-def test_per_problem_scores_and_claims_from_evaluation_results():
+def test_per_problem_scores_and_claims_from_evaluation_results(tmp_path):
     """A run's results table → per-problem Pass@1 of the agent and the team tree's scores; claims tested on the
     problems every seed of both arms scored, paired by problem."""
     import pandas as pd
@@ -82,6 +82,18 @@ def test_per_problem_scores_and_claims_from_evaluation_results():
     named = claim_intervals(each, [StudyClaim("lift of qwen", "pass_at_1/qwen", "a", "b")], n_boot=200)
     assert named.loc[0, "delta"] == claims.loc[0, "delta"] and "Pass@1 of qwen: a − b" in claims_markdown(named)
 
+    from mars2.eval.compare import arm_intervals, plot_arm_intervals, plot_claims
+
+    arms = arm_intervals(pd.DataFrame(rows), ["pass_at_1", "pass_at_1_mcts", "pass_at_n"], n_boot=300)
+    assert [tuple(r) for r in arms[["arm", "metric"]].itertuples(index=False)] == [
+        ("a", "pass_at_1"), ("a", "pass_at_1_mcts"), ("b", "pass_at_1"), ("b", "pass_at_1_mcts")]  # no pass_at_n
+    a1 = arms[(arms["arm"] == "a") & (arms["metric"] == "pass_at_1")].iloc[0]
+    assert a1["problems"] == 80 and a1["seeds"] == 3 and a1["low"] < a1["mean"] < a1["high"]
+    assert abs(a1["mean"] - pd.DataFrame(rows).query("arm == 'a'")["pass_at_1"].mean()) < 1e-12
+    assert arms[arms["arm"] == "b"]["problems"].eq(79).all()  # p0 is not scored in every seed of b
+    assert plot_arm_intervals(arms, tmp_path / "arms.png").stat().st_size > 1000
+    assert plot_claims(claims, tmp_path / "claims.png").stat().st_size > 1000
+
 
 @pytest.mark.slow
 def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
@@ -105,6 +117,10 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
                                                             ("composed", "0")}
     assert int(claims[0]["problems"]) == len({r["problem_id"] for r in per_problem}) == 8
     assert (out / "comparison.png").stat().st_size > 1000 and (out / "learning_curves.png").stat().st_size > 1000
+    assert (out / "claims.png").stat().st_size > 1000 and (out / "arm_intervals.png").stat().st_size > 1000
+    intervals = list(csv.DictReader((out / "arm_intervals.csv").open()))
+    assert {r["arm"] for r in intervals} == {"base", "composed", "grpo", "heterogeneous"}
+    assert all(float(r["low"]) <= float(r["mean"]) <= float(r["high"]) for r in intervals)
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         tags = db.execute("select run_uuid, key, value from tags").fetchall()
     kind = {u: v for u, k, v in tags if k == "mars2.kind"}

@@ -105,6 +105,81 @@ def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int 
                                        "verdict", "problems", "seeds_better", "seeds_worse"])
 
 
+def arm_intervals(per_problem: pd.DataFrame, metrics: Sequence[str] = METRICS, *, n_boot: int = 10_000,
+                  seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """Per arm and metric of ``per_problem`` (columns ``arm``, ``seed``, ``problem_id`` and the metrics): the mean
+    over the problems the arm scored in every seed, and its bootstrap interval over problems and seeds
+    (:func:`mars2.eval.stats.bootstrap_mean`). Rows in :data:`ARMS` order, controls after."""
+    from mars2.eval.stats import bootstrap_mean
+
+    rank = {a: i for i, a in enumerate(ARMS)}
+    rows = []
+    for arm in sorted(per_problem["arm"].unique(), key=lambda a: (rank.get(a, len(rank)), a)):
+        of_arm = per_problem[per_problem["arm"] == arm]
+        for m in metrics:
+            if m not in of_arm.columns or of_arm[m].isna().all():
+                continue
+            grid = of_arm.pivot_table(index="seed", columns="problem_id", values=m).dropna(axis=1)
+            if grid.shape[1] == 0:
+                continue
+            ci = bootstrap_mean(grid.to_numpy(), n_boot=n_boot, seed=seed, level=level)
+            rows.append({"arm": arm, "metric": m, "mean": ci.delta, "low": ci.low, "high": ci.high, "level": level,
+                         "problems": ci.problems, "seeds": ci.seeds_a})
+    return pd.DataFrame(rows, columns=["arm", "metric", "mean", "low", "high", "level", "problems", "seeds"])
+
+
+def plot_arm_intervals(intervals: pd.DataFrame, path: str | Path,
+                       title: str = "held-out results per arm (mean, 95% bootstrap interval over problems and seeds)"
+                       ) -> Path:
+    """Grouped bars from :func:`arm_intervals`: one group per metric, one bar per arm, error bars = the interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = list(dict.fromkeys(intervals["metric"]))
+    arms = list(dict.fromkeys(intervals["arm"]))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(metrics) * max(1, len(arms)) / 3), 4))
+    width = 0.8 / max(1, len(arms))
+    x = np.arange(len(metrics))
+    for i, arm in enumerate(arms):
+        of_arm = intervals[intervals["arm"] == arm].set_index("metric").reindex(metrics)
+        err = np.vstack([of_arm["mean"] - of_arm["low"], of_arm["high"] - of_arm["mean"]]).clip(min=0)
+        ax.bar(x + (i - (len(arms) - 1) / 2) * width, of_arm["mean"], width, yerr=np.nan_to_num(err), capsize=3,
+               label=ARM_NAMES.get(arm, arm))
+    ax.set_xticks(x, [metric_name(m) for m in metrics], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of held-out problems")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_claims(claims: pd.DataFrame, path: str | Path,
+                title: str = "claims: Δ = better − worse, 95% paired bootstrap interval") -> Path:
+    """Forest plot of :func:`claim_intervals`: one row per claim, Δ in points with its interval, the zero line,
+    colour by verdict."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"holds": "tab:green", "does not hold": "tab:red", "inconclusive": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(claims) + 1.4))
+    y = np.arange(len(claims))[::-1]
+    for yi, r in zip(y, claims.itertuples()):
+        ax.errorbar(100 * r.delta, yi, xerr=[[100 * (r.delta - r.low)], [100 * (r.high - r.delta)]], fmt="o",
+                    capsize=4, color=colours.get(r.verdict, "black"))
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(y, [f"{r.claim}\n{metric_name(r.metric)}: {r.better} − {r.worse} ({r.verdict})"
+                      for r in claims.itertuples()], fontsize=7)
+    ax.set_xlabel("Δ (points)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def claims_markdown(claims: pd.DataFrame) -> str:
     """The claims as Markdown: Δ and its interval in points (percent), the verdict, the counts behind it."""
     lines = ["| claim | metric | Δ (points) | interval | verdict | problems × seeds |", "|---|---|---|---|---|---|"]

@@ -96,3 +96,22 @@ def resampled_mean(runs: np.ndarray, problems: np.ndarray, rng: np.random.Genera
     weights = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n) / n_seeds  # [n, S]
     per_problem = np.einsum("ns,snp->np", weights, runs[:, problems])  # [n, P]: seed-weighted scores of the draws
     return per_problem.mean(axis=1)
+
+
+def bootstrap_mean(a, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> Interval:
+    """Percentile bootstrap interval of one arm's mean(A) over ``a`` [S, P] (or [P]): each replicate resamples the
+    problems and the seeds with replacement, as :func:`paired_bootstrap` does for a difference. The returned
+    :class:`Interval` has ``delta`` = mean(A) and ``seeds_b`` = 0."""
+    a = as_runs(a)
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    n_problems = a.shape[1]
+    replicates = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(1, n_problems * a.shape[0]))
+    for start in range(0, n_boot, chunk):
+        n = min(chunk, n_boot - start)
+        replicates[start:start + n] = resampled_mean(a, rng.integers(0, n_problems, size=(n, n_problems)), rng)
+    tail = (1 - level) / 2
+    low, high = np.quantile(replicates, [tail, 1 - tail])
+    return Interval(float(a.mean()), float(low), float(high), level, n_problems, a.shape[0], 0)
