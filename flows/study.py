@@ -123,15 +123,15 @@ def study_flow(overrides: list[str] | None = None) -> dict:
                              **run_row(prefixed(result["eval"]), agent=study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=arm, seed=seed))
                 trained[arm] = tracking.final_weights(cfg, result["run_id"])
+                curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
+                curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
+                           tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]
             for name in study.controls:
                 result = evaluate_agents([*control_overrides(study, name, seed, trained), *nest,
                                           f"+paths.tags.arm={name}"])
                 rows.append({"arm": name, "seed": seed, "run_id": result["run_id"],
                              **run_row(prefixed(result["eval"]), agent=study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=name, seed=seed))
-                curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
-                curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
-                           tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]
         summary = write_results(study, cfg, parent, pd.DataFrame(rows), pd.DataFrame(curves),
                                 pd.concat(problems, ignore_index=True), overrides or [])
     except BaseException:

@@ -117,6 +117,11 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
                                                             ("composed", "0")}
     assert int(claims[0]["problems"]) == len({r["problem_id"] for r in per_problem}) == 8
     assert (out / "comparison.png").stat().st_size > 1000 and (out / "learning_curves.png").stat().st_size > 1000
+    curves = list(csv.DictReader((out / "curves.csv").open()))
+    assert {(r["arm"], r["seed"]) for r in curves} == {("grpo", "0"), ("heterogeneous", "0")}  # arms, not controls
+    for arm in ("grpo", "heterogeneous"):
+        cycles = sorted(int(r["cycle"]) for r in curves if r["arm"] == arm)
+        assert cycles[0] == 0 and len(cycles) >= 2 and len(set(cycles)) == len(cycles)
     assert (out / "claims.png").stat().st_size > 1000 and (out / "arm_intervals.png").stat().st_size > 1000
     intervals = list(csv.DictReader((out / "arm_intervals.csv").open()))
     assert {r["arm"] for r in intervals} == {"base", "composed", "grpo", "heterogeneous"}
