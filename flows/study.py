@@ -113,24 +113,25 @@ def study_flow(overrides: list[str] | None = None) -> dict:
     try:
         for seed in study.seeds:
             base = evaluate_agents([*base_overrides(study, seed), *nest, "+paths.tags.arm=base"])
-            base_row = run_row(prefixed(base["eval"]), agent=study.agent)
+            base_row = agent_row(base, study.agent)
             rows.append({"arm": "base", "seed": seed, "run_id": base["run_id"], **base_row})
             problems.append(final_per_problem(base, study.agent).assign(arm="base", seed=seed))
             trained: dict[str, dict[str, str]] = {}  # arm → {owner: final model folder} of this seed
             for arm in study.arms:
                 result = train_cycle([*arm_overrides(study, arm, seed), *nest, f"+paths.tags.arm={arm}"])
                 rows.append({"arm": arm, "seed": seed, "run_id": result["run_id"],
-                             **run_row(prefixed(result["eval"]), agent=study.agent)})
+                             **agent_row(result, study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=arm, seed=seed))
                 trained[arm] = tracking.final_weights(cfg, result["run_id"])
-                curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
-                curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in
-                           tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")]
+                history = tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")
+                if history:  # an arm without the study's agent (e.g. the other agent trained alone) has no curve
+                    curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})
+                    curves += [{"arm": arm, "seed": seed, "cycle": step + 1, "value": value} for step, value in history]
             for name in study.controls:
                 result = evaluate_agents([*control_overrides(study, name, seed, trained), *nest,
                                           f"+paths.tags.arm={name}"])
                 rows.append({"arm": name, "seed": seed, "run_id": result["run_id"],
-                             **run_row(prefixed(result["eval"]), agent=study.agent)})
+                             **agent_row(result, study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=name, seed=seed))
         summary = write_results(study, cfg, parent, pd.DataFrame(rows), pd.DataFrame(curves),
                                 pd.concat(problems, ignore_index=True), overrides or [])
@@ -142,9 +143,19 @@ def study_flow(overrides: list[str] | None = None) -> dict:
 
 
 def final_per_problem(result: dict, agent: str) -> pd.DataFrame:
-    """A run's per-problem scores from its last evaluation stage's ``results.parquet``."""
+    """A run's per-problem scores from its last evaluation stage's ``results.parquet``; ``pass_at_1`` is ``agent``'s,
+    NaN in a run without it (its own agents' Pass@1 are the ``pass_at_1/<agent>`` columns)."""
     folder = [row["dir"] for row in result["stages"] if row["stage"] == "eval"][-1]
-    return per_problem_scores(pd.read_parquet(Path(folder) / "results.parquet"), agent=agent)
+    scores = per_problem_scores(pd.read_parquet(Path(folder) / "results.parquet"), agent=agent)
+    return scores if f"pass_at_1/{agent}" in scores.columns else scores.assign(pass_at_1=float("nan"))
+
+
+def agent_row(result: dict, agent: str) -> dict[str, float]:
+    """A run's row of the table: ``agent``'s Pass@1 (NaN in a run without it, rather than its team's) and the
+    team tree's Pass@1(MCTS)/Pass@N."""
+    metrics = prefixed(result["eval"])
+    row = run_row(metrics, agent=agent)
+    return row if f"eval/{agent}/pass_at_1" in metrics else {**row, "pass_at_1": float("nan")}
 
 
 def prefixed(eval_metrics: dict[str, float]) -> dict[str, float]:

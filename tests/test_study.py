@@ -21,6 +21,7 @@ def test_study_config_composes_and_checks_equal_budgets():
     heldout = compose_study(["study=heldout"])  # the held-out study: controls and claims that name them compose
     assert len(heldout.seeds) >= 3 and "composed" in heldout.controls
     assert {c.worse for c in heldout.claims} >= {"single", "single_llama", "base", "composed", "grpo"}
+    assert {"base_two_role", "composed_two_role"} <= set(heldout.controls)  # the two-role tree's controls
     with pytest.raises(ConfigError, match="sample budget"):
         compose_study(["study=smoke",
                        "study.arms.grpo=['agents=tiny_cpu_warm_single','search=sampling','search.n_samples=3']"])
@@ -32,6 +33,24 @@ def test_study_config_composes_and_checks_equal_budgets():
         compose_study(["study=smoke", "study.controls.composed.weights={qwen_tiny: single}"])
     with pytest.raises(ConfigError, match="a metric among"):
         compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_2, better: base, worse: grpo}]"])
+
+
+def test_a_run_without_the_study_agent_has_no_pass_at_1_of_it(tmp_path):
+    """The table's Pass@1 is the study agent's: a run of the other agent alone shows NaN there, not its own."""
+    import pandas as pd
+
+    from flows.study import agent_row, final_per_problem
+
+    alone = {"eval": {"llama/pass_at_1": 0.3, "team/pass_at_1": 0.3, "team/pass_at_1_mcts": 0.25,
+                      "team/pass_at_n": 0.25}, "stages": [{"stage": "eval", "dir": str(tmp_path)}]}
+    row = agent_row(alone, "qwen")
+    assert np.isnan(row["pass_at_1"]) and row["pass_at_1_mcts"] == 0.25 and row["pass_at_n"] == 0.25
+    assert agent_row({"eval": {**alone["eval"], "qwen/pass_at_1": 0.1}}, "qwen")["pass_at_1"] == 0.1
+    pd.DataFrame([{"problem_id": "p1", "who": "llama", "kind": "samples", "tplus": False, "pass_at_1": 0.5,
+                   "pass_at_1_mcts": np.nan, "pass_at_n": np.nan}]).to_parquet(tmp_path / "results.parquet")
+    scores = final_per_problem(alone, "qwen")
+    assert np.isnan(scores.loc[0, "pass_at_1"]) and scores.loc[0, "pass_at_1/llama"] == 0.5
+    assert final_per_problem(alone, "llama").loc[0, "pass_at_1"] == 0.5
 
 
 def db_params(root):
