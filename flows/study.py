@@ -8,8 +8,9 @@ Every arm × seed is a ``train-cycle`` flow run (and the base arm an ``evaluate`
 parent run; all arms see the same problems and the same number of programs per problem per cycle (checked
 before anything runs). Results: ``<out_dir>/study.md`` (the table, the claims of ``study.claims`` with their
 paired bootstrap intervals, the command), ``runs.csv``, ``per_problem.csv`` (every run's per-problem scores),
-``claims.csv`` and ``claims.png`` (forest plot), ``arm_intervals.csv`` and ``arm_intervals.png`` (each arm's mean with
-its bootstrap interval), ``comparison.png`` and ``learning_curves.png``, all logged to the parent run.
+``claims.csv`` and ``claims.png`` (forest plot), ``claims_seed_paired.csv`` (the claims with seeds paired),
+``arm_intervals.csv`` and ``arm_intervals.png`` (each arm's mean with its bootstrap interval), ``comparison.png``
+and ``learning_curves.png``, all logged to the parent run.
 """
 
 from __future__ import annotations
@@ -189,6 +190,11 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
                  f"\n\n{claims_markdown(claims)}")
         atomic_write_text(out / "claims.csv", claims.to_csv(index=False))
         plot_claims(claims, out / "claims.png")
+        paired = claim_intervals(per_problem, study.claims, n_boot=study.n_boot, pair_seeds=True)
+        text += (f"\n\n### Secondary: seeds paired\n\nThe same claims with seed s of one arm paired with seed s of the "
+                 f"other (the run seed drives both arms' training and evaluation sampling, so the two share random "
+                 f"numbers): only the seeds both arms ran, resampled as pairs.\n\n{claims_markdown(paired)}")
+        atomic_write_text(out / "claims_seed_paired.csv", paired.to_csv(index=False))
     atomic_write_text(out / "study.md", text)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     atomic_write_text(out / "curves.csv", curves.to_csv(index=False))

@@ -28,8 +28,10 @@ from tasks.engines import release
 from tasks.weights import agent_runners
 
 STAGE = "evaluation"
-MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval", "mars2.rl.reward", "mars2.data", "mars2.io",
-           "tasks.evaluation", "tasks.weights")
+# The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
+# (mars2.eval.stats, mars2.eval.compare) do not change what an evaluation produces, so editing them must not re-run it.
+MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
+           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "tasks.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")

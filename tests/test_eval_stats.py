@@ -84,3 +84,27 @@ def test_bootstrap_mean_covers_the_arm_mean_and_narrows_with_more_problems():
     assert b.low < 0.4 < b.high
     with pytest.raises(ValueError):
         bootstrap_mean(np.zeros((0, 3)))
+
+
+def test_pairing_seeds_narrows_the_interval_when_the_arms_share_the_seed_effect():
+    """Seed s drives both arms' random numbers (a shared run effect per seed, sd 0.03, plus a small arm-specific one,
+    sd 0.01): resampling the seeds as pairs cancels the shared part. Coverage stays ≥ 95% within noise, and the
+    interval is narrower than with the seeds resampled independently."""
+    rng = np.random.default_rng(5)
+    n_trials, problems, seeds = 120, 120, 3
+    covered, paired_widths, independent_widths = 0, [], []
+    for trial in range(n_trials):
+        p = rng.beta(0.7, 0.7, size=problems)
+        q = np.clip(p + 0.05, 0, 1)
+        shared = rng.normal(0, 0.03, (seeds, 1))
+        a = rng.binomial(4, np.clip(q + shared + rng.normal(0, 0.01, (seeds, 1)), 0, 1)) / 4
+        b = rng.binomial(4, np.clip(p + shared + rng.normal(0, 0.01, (seeds, 1)), 0, 1)) / 4
+        paired = paired_bootstrap(a, b, n_boot=1000, seed=trial, pair_seeds=True)
+        covered += paired.low <= 0.05 <= paired.high
+        paired_widths.append(paired.high - paired.low)
+        independent = paired_bootstrap(a, b, n_boot=1000, seed=trial)
+        independent_widths.append(independent.high - independent.low)
+    assert covered / n_trials >= 0.92, covered / n_trials
+    assert np.mean(paired_widths) < 0.85 * np.mean(independent_widths)
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_bootstrap(np.zeros((3, 5)), np.zeros((2, 5)), pair_seeds=True)

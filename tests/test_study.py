@@ -164,3 +164,17 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     final = tracking.final_weights(compose_run([f"paths.root={tmp_path}"]), grpo)
     assert params[(composed, "eval.checkpoints.qwen_tiny")] == final["qwen_tiny"]
     assert params[(composed, "agents.paradigm")] == "heterogeneous"
+
+
+def test_the_evaluation_stage_hashes_every_mars2_eval_module_it_imports_and_not_the_study_statistics():
+    """Editing the study's statistics or plots must not re-run evaluations; editing what an evaluation runs must."""
+    import subprocess
+    import sys
+
+    from tasks.evaluation import MODULES
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, tasks.evaluation, mars2.eval.report, mars2.eval.run; "
+                             "print(' '.join(m for m in sys.modules if m.startswith('mars2.eval.')))"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert loaded and set(loaded) <= set(MODULES), sorted(set(loaded) - set(MODULES))
+    assert "mars2.eval" not in MODULES and not {"mars2.eval.stats", "mars2.eval.compare"} & set(MODULES)

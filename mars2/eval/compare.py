@@ -74,10 +74,11 @@ def metric_name(metric: str) -> str:
 
 
 def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int = 10_000, seed: int = 0,
-                    level: float = 0.95) -> pd.DataFrame:
+                    level: float = 0.95, pair_seeds: bool = False) -> pd.DataFrame:
     """Each claim (``name``, ``metric``, ``better``, ``worse`` arms) tested on ``per_problem`` (columns ``arm``,
     ``seed``, ``problem_id`` and the metrics): Δ = mean(better) − mean(worse) over the problems both arms scored in
-    every seed, its paired bootstrap interval (:func:`mars2.eval.stats.paired_bootstrap`) and the verdict."""
+    every seed, its paired bootstrap interval (:func:`mars2.eval.stats.paired_bootstrap`) and the verdict.
+    ``pair_seeds``: only the seeds both arms ran, resampled as pairs (seed s of one arm with seed s of the other)."""
     from mars2.eval.stats import paired_bootstrap
 
     rows = []
@@ -93,11 +94,16 @@ def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int 
                 raise ValueError(f"claim {claim.name!r}: arm {arm!r} has no per-problem {claim.metric}")
             grids[arm] = scored.pivot_table(index="seed", columns="problem_id", values=claim.metric)
         better, worse = grids[claim.better], grids[claim.worse]
+        if pair_seeds:
+            seeds = sorted(set(better.index) & set(worse.index))
+            if not seeds:
+                raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share no seed")
+            better, worse = better.loc[seeds], worse.loc[seeds]
         common = sorted(set(better.dropna(axis=1).columns) & set(worse.dropna(axis=1).columns))
         if not common:
             raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share no problem")
         ci = paired_bootstrap(better[common].to_numpy(), worse[common].to_numpy(), n_boot=n_boot, seed=seed,
-                              level=level)
+                              level=level, pair_seeds=pair_seeds)
         rows.append({"claim": claim.name, "metric": claim.metric, "better": claim.better, "worse": claim.worse,
                      "delta": ci.delta, "low": ci.low, "high": ci.high, "level": level, "verdict": ci.verdict,
                      "problems": ci.problems, "seeds_better": ci.seeds_a, "seeds_worse": ci.seeds_b})

@@ -66,13 +66,20 @@ def as_runs(scores) -> np.ndarray:
     return a
 
 
-def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> Interval:
+def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0,
+                     pair_seeds: bool = False) -> Interval:
     """Percentile bootstrap interval of Δ = mean(A) − mean(B): ``a`` [S_a, P] and ``b`` [S_b, P] (or [P]) are
     per-problem scores on the same P problems. Each of ``n_boot`` replicates resamples the problems (paired: one
-    index draw for both arms) and each arm's seeds (independently), then averages."""
+    index draw for both arms) and each arm's seeds (independently), then averages.
+
+    ``pair_seeds``: row s of A and row s of B share their random numbers (the same run seed drives both arms'
+    training and evaluation sampling), so the seeds are resampled once for both arms, as the problems are: the
+    interval of Δ over S iid seed pairs. Needs S_a = S_b."""
     a, b = as_runs(a), as_runs(b)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"the arms must be scored on the same problems: {a.shape[1]} vs {b.shape[1]}")
+    if pair_seeds and a.shape[0] != b.shape[0]:
+        raise ValueError(f"pairing seeds needs the same seeds in both arms: {a.shape[0]} vs {b.shape[0]}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     rng = np.random.default_rng(seed)
@@ -83,17 +90,25 @@ def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: i
     for start in range(0, n_boot, chunk):
         n = min(chunk, n_boot - start)
         problems = rng.integers(0, n_problems, size=(n, n_problems))  # [n, P], shared by both arms
-        replicates[start:start + n] = (resampled_mean(a, problems, rng) - resampled_mean(b, problems, rng))
+        weights = seed_weights(n, a.shape[0], rng) if pair_seeds else None  # [n, S], shared when paired
+        replicates[start:start + n] = (resampled_mean(a, problems, rng, weights)
+                                       - resampled_mean(b, problems, rng, weights))
     tail = (1 - level) / 2
     low, high = np.quantile(replicates, [tail, 1 - tail])
     return Interval(delta, float(low), float(high), level, n_problems, a.shape[0], b.shape[0])
 
 
-def resampled_mean(runs: np.ndarray, problems: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def seed_weights(n: int, n_seeds: int, rng: np.random.Generator) -> np.ndarray:
+    """[n, S] weights of ``n`` draws of S seeds with replacement: a seed's weight is its count k_s / S."""
+    return rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n) / n_seeds
+
+
+def resampled_mean(runs: np.ndarray, problems: np.ndarray, rng: np.random.Generator,
+                   weights: np.ndarray | None = None) -> np.ndarray:
     """Mean over resampled seeds and the given problem draws: runs [S, P], problems [n, P] → [n]. The seeds of each
-    replicate are drawn with replacement, so a seed's weight is its count k_s / S."""
-    n, n_seeds = problems.shape[0], runs.shape[0]
-    weights = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n) / n_seeds  # [n, S]
+    replicate are drawn with replacement (``weights`` [n, S] when given, else drawn here)."""
+    if weights is None:
+        weights = seed_weights(problems.shape[0], runs.shape[0], rng)
     per_problem = np.einsum("ns,snp->np", weights, runs[:, problems])  # [n, P]: seed-weighted scores of the draws
     return per_problem.mean(axis=1)
 
