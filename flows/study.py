@@ -201,8 +201,8 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
     atomic_write_text(out / "per_problem.csv", per_problem.to_csv(index=False))
     plot_comparison(table, out / "comparison.png")
     if len(per_problem):
-        intervals = arm_intervals(per_problem, [m for m in per_problem.columns if is_claim_metric(m)],
-                                  n_boot=study.n_boot)
+        each_agent = sorted(m for m in per_problem.columns if m.startswith("pass_at_1/"))
+        intervals = arm_intervals(per_problem, [*each_agent, "pass_at_1_mcts", "pass_at_n"], n_boot=study.n_boot)
         atomic_write_text(out / "arm_intervals.csv", intervals.to_csv(index=False))
         plot_arm_intervals(intervals, out / "arm_intervals.png")
     if len(curves):

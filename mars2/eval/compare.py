@@ -145,7 +145,7 @@ def plot_arm_intervals(intervals: pd.DataFrame, path: str | Path,
 
     metrics = list(dict.fromkeys(intervals["metric"]))
     arms = list(dict.fromkeys(intervals["arm"]))
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(metrics) * max(1, len(arms)) / 3), 4))
+    fig, ax = plt.subplots(figsize=(min(16, max(8, 2 + 0.3 * len(metrics) * len(arms))), 4.5))
     width = 0.8 / max(1, len(arms))
     x = np.arange(len(metrics))
     for i, arm in enumerate(arms):
@@ -154,10 +154,10 @@ def plot_arm_intervals(intervals: pd.DataFrame, path: str | Path,
         ax.bar(x + (i - (len(arms) - 1) / 2) * width, of_arm["mean"], width, yerr=np.nan_to_num(err), capsize=3,
                label=ARM_NAMES.get(arm, arm))
     ax.set_xticks(x, [metric_name(m) for m in metrics], fontsize=8)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, min(1.0, 1.25 * float(np.nanmax(intervals["high"]))) if len(intervals) else 1.0)
     ax.set_ylabel("share of held-out problems")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -269,6 +269,7 @@ def plot_learning_curves(history: pd.DataFrame, path: str | Path, *, ylabel: str
         g = history[history["arm"] == arm].groupby("cycle")["value"].agg(["mean", "min", "max"]).sort_index()
         ax.plot(g.index, g["mean"], marker="o", label=ARM_NAMES.get(arm, arm))
         ax.fill_between(g.index, g["min"], g["max"], alpha=0.2)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("cycle (0 = before RL)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
