@@ -40,6 +40,15 @@ def test_pairing_cancels_the_difficulty_both_arms_share():
     assert paired.verdict == "holds"
 
 
+def simulated_arms(rng, problems: int, run_a, run_b, effect: float = 0.05):
+    """Per-problem Pass@1 over 4 samples of two arms: pass probabilities p ~ Beta(0.7, 0.7) shared by both, A's
+    raised by ``effect``, each seed's shifted by its run effect (``run_a``/``run_b`` [S, 1]). Returns [S, P] each."""
+    p = rng.beta(0.7, 0.7, size=problems)
+    a = rng.binomial(4, np.clip(np.clip(p + effect, 0, 1) + run_a, 0, 1)) / 4
+    b = rng.binomial(4, np.clip(p + run_b, 0, 1)) / 4
+    return a, b
+
+
 def test_intervals_cover_the_true_difference_at_least_at_their_level_and_are_not_much_wider():
     """Simulated arms with a known effect: per-problem pass probabilities shared by both arms (+0.05 for A), each
     training run (seed) shifting all its problems by a run effect, each seed's Pass@1 over 4 samples. Resampling
@@ -49,11 +58,7 @@ def test_intervals_cover_the_true_difference_at_least_at_their_level_and_are_not
     n_trials, problems, seeds = 150, 120, 3
     covered, widths, deltas = 0, [], []
     for trial in range(n_trials):
-        p = rng.beta(0.7, 0.7, size=problems)
-        q = np.clip(p + 0.05, 0, 1)
-        run_a, run_b = rng.normal(0, 0.03, (seeds, 1)), rng.normal(0, 0.03, (seeds, 1))
-        a = rng.binomial(4, np.clip(q + run_a, 0, 1)) / 4
-        b = rng.binomial(4, np.clip(p + run_b, 0, 1)) / 4
+        a, b = simulated_arms(rng, problems, rng.normal(0, 0.03, (seeds, 1)), rng.normal(0, 0.03, (seeds, 1)))
         ci = paired_bootstrap(a, b, n_boot=1000, seed=trial)
         covered += ci.low <= 0.05 <= ci.high
         widths.append(ci.high - ci.low)
@@ -94,11 +99,9 @@ def test_pairing_seeds_narrows_the_interval_when_the_arms_share_the_seed_effect(
     n_trials, problems, seeds = 120, 120, 3
     covered, paired_widths, independent_widths = 0, [], []
     for trial in range(n_trials):
-        p = rng.beta(0.7, 0.7, size=problems)
-        q = np.clip(p + 0.05, 0, 1)
         shared = rng.normal(0, 0.03, (seeds, 1))
-        a = rng.binomial(4, np.clip(q + shared + rng.normal(0, 0.01, (seeds, 1)), 0, 1)) / 4
-        b = rng.binomial(4, np.clip(p + shared + rng.normal(0, 0.01, (seeds, 1)), 0, 1)) / 4
+        a, b = simulated_arms(rng, problems, shared + rng.normal(0, 0.01, (seeds, 1)),
+                              shared + rng.normal(0, 0.01, (seeds, 1)))
         paired = paired_bootstrap(a, b, n_boot=1000, seed=trial, pair_seeds=True)
         covered += paired.low <= 0.05 <= paired.high
         paired_widths.append(paired.high - paired.low)

@@ -123,10 +123,9 @@ def arm_intervals(per_problem: pd.DataFrame, metrics: Sequence[str] = METRICS, *
     for arm in sorted(per_problem["arm"].unique(), key=lambda a: (rank.get(a, len(rank)), a)):
         of_arm = per_problem[per_problem["arm"] == arm]
         for m in metrics:
-            if m not in of_arm.columns or of_arm[m].isna().all():
-                continue
-            grid = of_arm.pivot_table(index="seed", columns="problem_id", values=m).dropna(axis=1)
-            if grid.shape[1] == 0:
+            grid = of_arm.pivot_table(index="seed", columns="problem_id", values=m).dropna(axis=1) \
+                if m in of_arm.columns else of_arm.iloc[:0]
+            if grid.size == 0:  # not measured in this arm
                 continue
             ci = bootstrap_mean(grid.to_numpy(), n_boot=n_boot, seed=seed, level=level)
             rows.append({"arm": arm, "metric": m, "mean": ci.delta, "low": ci.low, "high": ci.high, "level": level,

@@ -80,22 +80,32 @@ def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: i
         raise ValueError(f"the arms must be scored on the same problems: {a.shape[1]} vs {b.shape[1]}")
     if pair_seeds and a.shape[0] != b.shape[0]:
         raise ValueError(f"pairing seeds needs the same seeds in both arms: {a.shape[0]} vs {b.shape[0]}")
+
+    def replicate(problems: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        weights = seed_weights(len(problems), a.shape[0], rng) if pair_seeds else None  # [n, S], shared when paired
+        return resampled_mean(a, problems, rng, weights) - resampled_mean(b, problems, rng, weights)
+
+    low, high = percentile_interval(replicate, n_problems=a.shape[1], rows=max(a.shape[0], b.shape[0]),
+                                    n_boot=n_boot, level=level, seed=seed)
+    return Interval(float(a.mean() - b.mean()), low, high, level, a.shape[1], a.shape[0], b.shape[0])
+
+
+def percentile_interval(replicate, *, n_problems: int, rows: int, n_boot: int, level: float,
+                        seed: int) -> tuple[float, float]:
+    """The ``level`` percentile interval of ``n_boot`` bootstrap replicates. ``replicate(problems, rng)`` maps
+    problem draws [n, P] (with replacement, shared by everything one replicate compares) to n statistics; the
+    draws come in chunks of at most 2M cells of ``rows`` × P, so memory stays bounded."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     rng = np.random.default_rng(seed)
-    n_problems = a.shape[1]
-    delta = float(a.mean() - b.mean())
     replicates = np.empty(n_boot)
-    chunk = max(1, 2_000_000 // max(1, n_problems * max(a.shape[0], b.shape[0])))
+    chunk = max(1, 2_000_000 // max(1, n_problems * rows))
     for start in range(0, n_boot, chunk):
         n = min(chunk, n_boot - start)
-        problems = rng.integers(0, n_problems, size=(n, n_problems))  # [n, P], shared by both arms
-        weights = seed_weights(n, a.shape[0], rng) if pair_seeds else None  # [n, S], shared when paired
-        replicates[start:start + n] = (resampled_mean(a, problems, rng, weights)
-                                       - resampled_mean(b, problems, rng, weights))
+        replicates[start:start + n] = replicate(rng.integers(0, n_problems, size=(n, n_problems)), rng)
     tail = (1 - level) / 2
     low, high = np.quantile(replicates, [tail, 1 - tail])
-    return Interval(delta, float(low), float(high), level, n_problems, a.shape[0], b.shape[0])
+    return float(low), float(high)
 
 
 def seed_weights(n: int, n_seeds: int, rng: np.random.Generator) -> np.ndarray:
@@ -118,15 +128,6 @@ def bootstrap_mean(a, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 
     problems and the seeds with replacement, as :func:`paired_bootstrap` does for a difference. The returned
     :class:`Interval` has ``delta`` = mean(A) and ``seeds_b`` = 0."""
     a = as_runs(a)
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    rng = np.random.default_rng(seed)
-    n_problems = a.shape[1]
-    replicates = np.empty(n_boot)
-    chunk = max(1, 2_000_000 // max(1, n_problems * a.shape[0]))
-    for start in range(0, n_boot, chunk):
-        n = min(chunk, n_boot - start)
-        replicates[start:start + n] = resampled_mean(a, rng.integers(0, n_problems, size=(n, n_problems)), rng)
-    tail = (1 - level) / 2
-    low, high = np.quantile(replicates, [tail, 1 - tail])
-    return Interval(float(a.mean()), float(low), float(high), level, n_problems, a.shape[0], 0)
+    low, high = percentile_interval(lambda problems, rng: resampled_mean(a, problems, rng), n_problems=a.shape[1],
+                                    rows=a.shape[0], n_boot=n_boot, level=level, seed=seed)
+    return Interval(float(a.mean()), low, high, level, a.shape[1], a.shape[0], 0)
