@@ -14,6 +14,10 @@ the asynchronous search to it.
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
 as (trees asking it) allow: with two agents, ``--problems`` should be about 2 × ``--batch-size`` for the engines to
 be as busy in the search as in the raw run; fewer trees leave rows empty whatever the scheduler does.
+
+With engine processes it also prints the CPU seconds the engines and this process used per search and per raw
+run: on a machine whose cores the engines fill, the search's own work (AB-MCTS, prompts, grading calls, IPC) and any
+extra engine work per token come straight off the ratio.
 """
 
 from __future__ import annotations
@@ -122,15 +126,16 @@ def main() -> None:
         return tokens, time.perf_counter() - t0
 
     def counters():
-        """Σ over engines of (decode steps, rows stepped, requests waiting at a step, prefills)."""
+        """Σ over engines of (decode steps, rows stepped, requests waiting at a step, prefills, engine process CPU
+        seconds), and this process's CPU seconds (the search's host work: AB-MCTS, prompts, grading calls, IPC)."""
         out = []
         for runner in agents.values():
             b = runner.backend
             c = b.health() if hasattr(b, "health") else vars(b.batcher)
-            out.append((c["steps"], c["rows_stepped"], c["waiting_stepped"], c["prefills"]))
-        return [sum(x) for x in zip(*out, strict=True)]
+            out.append((c["steps"], c["rows_stepped"], c["waiting_stepped"], c["prefills"], c.get("cpu_s", 0.0)))
+        return [*(sum(x) for x in zip(*out, strict=True)), time.process_time()]
 
-    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 4, "raw": [0] * 4}
+    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 6, "raw": [0] * 6}
     try:
         for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
             c0 = counters()
@@ -158,10 +163,16 @@ def main() -> None:
     print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tps:8.1f} tok/s (one generate call per "
           f"agent per wave, the same engines)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}   ratio search/wave search = {search_tps / wave_tps:.2f}")
-    for side, (steps, rows_stepped, waiting_stepped, prefills) in batching.items():
+    for side, (steps, rows_stepped, waiting_stepped, prefills, _, _) in batching.items():
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
               f"(requests at the engine {(rows_stepped + waiting_stepped) / max(steps, 1):6.1f}), "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills)")
+    if args.engine == "process":  # where the cores went: the engines' work per token, and the search's own
+        (*_, engines_search, host_search), (*_, engines_raw, host_raw) = batching["search"], batching["raw"]
+        print(f"CPU per run: engines {engines_search / args.repeats:5.2f} core-s in the search, "
+              f"{engines_raw / args.repeats:5.2f} in the raw run (the same tokens; {engines_search / engines_raw:.2f}x); "
+              f"this process {host_search / args.repeats:5.2f} and {host_raw / args.repeats:5.2f} core-s "
+              f"({cores} cores, {threads} thread(s) per engine)")
     print(f"engine starts: {starts} (one engine per agent, kept for every search and raw run)")
 
 

@@ -57,9 +57,12 @@ class TransformersEngine:
         self.backend.model.to(self.device)
 
     def counters(self) -> dict:
+        """The batcher's counters and the CPU seconds this engine process has used (``cpu_s``: all its threads)."""
+        import time
+
         b = self.backend.batcher
         return {"steps": b.steps, "rows_stepped": b.rows_stepped, "waiting_stepped": b.waiting_stepped,
-                "prefills": b.prefills}
+                "prefills": b.prefills, "cpu_s": time.process_time()}
 
     def shutdown(self) -> None:
         self.backend.batcher.close()
