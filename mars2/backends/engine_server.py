@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,8 +59,6 @@ class TransformersEngine:
 
     def counters(self) -> dict:
         """The batcher's counters and the CPU seconds this engine process has used (``cpu_s``: all its threads)."""
-        import time
-
         b = self.backend.batcher
         return {"steps": b.steps, "rows_stepped": b.rows_stepped, "waiting_stepped": b.waiting_stepped,
                 "prefills": b.prefills, "cpu_s": time.process_time()}
@@ -179,8 +178,6 @@ def serve(conn, state: EngineState) -> None:
 
 def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
     """A node service's end: its run's STOP file appears, or no stage has been connected for ``idle_exit_s``."""
-    import time
-
     idle_since = time.monotonic()
     while True:
         time.sleep(1.0)
