@@ -3,6 +3,7 @@
     python bench/gpu_update.py [--model Qwen3-1.7B] [--response-tokens 16384] [--prompt-tokens 512] [--samples 2]
                                [--steps 1] [--profile zero3_bf16] [--chunk 1024] [--micro-batch-tokens N]
     python bench/gpu_update.py --model Qwen3-8B --profile zero3_bf16_offload
+    python bench/gpu_update.py --repeats 3 --variants ours,plain,plain_chunked   # medians; the chunked path's share
     python bench/gpu_update.py --tiny          # a tiny Qwen3 shape on CPU (the test suite runs this)
 
 The model is built from ``mars2/plan/model_configs/<model>.json`` with random weights and saved once to a temporary
@@ -15,9 +16,13 @@ profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.en
   log-probs through the full [L, vocab] fp32 logits (``token_logprobs``), GSPO loss without the KL term (no reference
   model), ``engine.backward``/``engine.step``.
 
+- plain_chunked (on request): the plain loop with ours' chunked log-probs, to split ours/plain into the log-prob
+  path's share and the rest.
+
 Prints each variant's peak accelerator memory (CPU: peak RSS) and trained tokens/s of the optimizer loop (model
-building and, for ours, the reference pass are outside the timed loop), and ours/plain ratios. A variant that runs
-out of memory is reported as such.
+building and, for ours, the reference pass are outside the timed loop), and ratios to plain. With ``--repeats N``
+there are N rounds (every variant once per round, each run in a fresh process) and the median run is reported. A variant that runs out of memory is
+reported as such.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_path() -> str:
+    """PYTHONPATH of the workers: this checkout first, then whatever the caller had (e.g. wheels unpacked elsewhere)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 CONFIGS = ROOT / "mars2" / "plan" / "model_configs"
 
 
@@ -92,23 +102,28 @@ def peak_memory_mb(device: str) -> float:
 
 
 def run_ours(job: dict) -> dict:
+    import shutil
+
     from mars2.train import UpdateHParams, update_agent
 
     samples = make_samples(job["samples"], job["prompt"], job["response"], job["vocab"])
     hp = UpdateHParams(lr=1e-6, micro_batch=1, dtype=job["dtype"], step_batch=job["step_batch"],
                        micro_batch_tokens=job["micro_batch_tokens"], logprob_chunk_tokens=job["chunk"])
+    shutil.rmtree(job["out"], ignore_errors=True)  # an earlier repeat's checkpoint (tens of GB at 1.7B)
     m = update_agent(model_dir=job["model_dir"], ref_model_dir=job["model_dir"], prev_ds_dir=None, samples=samples,
                      out_dir=job["out"], profile=job["profile"], hp=hp, pad_id=0, device=job["device"])
     return {"tokens_per_s": m["tokens_per_s"], "seconds": m["step_seconds"], "loss": m["loss"]}
 
 
-def run_plain(job: dict) -> dict:
+def run_plain(job: dict, chunked: bool = False) -> dict:
+    """The plain DeepSpeed loop; ``chunked``: the same loop with :func:`chunked_token_logprobs` in place of the
+    full-logits path (how much of ours/plain is the chunked log-prob path alone)."""
     import deepspeed
     import torch
 
     from mars2.rl.losses import gspo_loss
-    from mars2.train.engine import (build_optimizer, deepspeed_config, init_distributed, load_causal_lm, pack_batch,
-                                    step_groups, token_logprobs)
+    from mars2.train.engine import (build_optimizer, chunked_token_logprobs, deepspeed_config, init_distributed,
+                                    load_causal_lm, pack_batch, step_groups, token_logprobs)
 
     init_distributed()
     if job["device"].startswith("cuda"):
@@ -126,14 +141,22 @@ def run_plain(job: dict) -> dict:
     for group in groups:
         for i in group:
             b = pack_batch([samples[i]], 0, engine.device)
-            logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+            if chunked:
+                logp = chunked_token_logprobs(engine, b["input_ids"], b["attention_mask"], b["mask"],
+                                              chunk_tokens=job["chunk"])
+            else:
+                logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
             out = gspo_loss(logp, logp.detach(), b["rollout_logp"], None, b["advantages"], b["mask"])
             engine.backward(out.loss)
             engine.step()
             tokens += b["input_ids"].numel()
             loss += float(out.loss) / len(samples)
     seconds = time.perf_counter() - start
+    engine.destroy()
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "loss": loss}
+
+
+VARIANTS = {"ours": run_ours, "plain": run_plain, "plain_chunked": lambda job: run_plain(job, chunked=True)}
 
 
 def worker(variant: str, job_path: str) -> None:
@@ -141,11 +164,19 @@ def worker(variant: str, job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     try:
-        res = (run_ours if variant == "ours" else run_plain)(job)
+        res = VARIANTS[variant](job)
         res["peak_mb"] = peak_memory_mb(job["device"])
     except torch.OutOfMemoryError as e:
         res = {"oom": str(e).splitlines()[0][:200], "peak_mb": peak_memory_mb(job["device"])}
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def summary(runs: list[dict]) -> dict:
+    """The median run by tokens/s (an out-of-memory run wins), with every run's tokens/s and the largest peak."""
+    if oom := [r for r in runs if "oom" in r]:
+        return oom[0]
+    med = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    return {**med, "all_tokens_per_s": [r["tokens_per_s"] for r in runs], "peak_mb": max(r["peak_mb"] for r in runs)}
 
 
 def main() -> None:
@@ -163,6 +194,10 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_tokens")
     ap.add_argument("--micro-batch-tokens", type=int, default=None)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of runs (every variant once per round, "
+                                                                  "each in its own process); medians reported")
+    ap.add_argument("--variants", default="ours,plain", help="comma-separated: ours, plain, plain_chunked (the plain "
+                                                             "loop with chunked log-probs)")
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU, ZeRO-3 fp32, 96-token responses")
     a = ap.parse_args()
     import torch
@@ -174,7 +209,7 @@ def main() -> None:
         a.response_tokens, a.prompt_tokens, a.samples = 96, 16, 2
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                             "MASTER_PORT")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = python_path()
     with tempfile.TemporaryDirectory() as tmp:
         n_params = save_random_model(cfg, f"{tmp}/model", device)
         name = a.profile or ("zero3_bf16_offload" if n_params >= 7e9 else "zero3_bf16")
@@ -186,32 +221,41 @@ def main() -> None:
         job = {"model_dir": f"{tmp}/model", "out": f"{tmp}/out", "profile": profile, "device": device,
                "dtype": "bfloat16" if bf16 else "float32", "samples": a.samples, "prompt": a.prompt_tokens,
                "response": a.response_tokens, "vocab": cfg.vocab_size, "chunk": a.chunk,
-               "micro_batch_tokens": a.micro_batch_tokens,
+               "micro_batch_tokens": a.micro_batch_tokens, "repeats": a.repeats,
                "step_batch": None if a.steps <= 1 else max(1, a.samples // a.steps)}
         Path(f"{tmp}/job.json").write_text(json.dumps(job))
         print(f"model {'tiny Qwen3' if a.tiny else a.model}: {n_params / 1e9:.3f} B parameters, profile {name}, "
               f"device {device}, {a.samples} samples x ({a.prompt_tokens} prompt + {a.response_tokens} response) "
-              f"tokens, {a.steps} optimizer step(s)", flush=True)
-        res = {}
-        for variant in ("ours", "plain"):
-            out = subprocess.run([sys.executable, __file__, "_worker", variant, f"{tmp}/job.json"], env=env,
-                                 capture_output=True, text=True)
-            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-            if out.returncode != 0 or not lines:
-                raise SystemExit(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
-            res[variant] = json.loads(lines[-1][len("RESULT "):])
-    unit = "GPU memory (max allocated)" if device.startswith("cuda") else "peak RSS"
+              f"tokens, {a.steps} optimizer step(s), {a.repeats} run(s) per variant", flush=True)
+        unit = "GPU memory (max allocated)" if device.startswith("cuda") else "peak RSS"
+        runs: dict[str, list[dict]] = {v: [] for v in a.variants.split(",")}
+        for rep in range(a.repeats):  # rounds of every variant, each run in a fresh process (nothing carried over)
+            for variant in runs:
+                out = subprocess.run([sys.executable, __file__, "_worker", variant, f"{tmp}/job.json"], env=env,
+                                     capture_output=True, text=True)
+                lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+                if out.returncode != 0 or not lines:
+                    raise SystemExit(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+                r = json.loads(lines[-1][len("RESULT "):])
+                runs[variant].append(r)
+                print(f"  run {rep + 1} {variant}: " + (f"out of memory, {r['peak_mb']:.0f} MB" if "oom" in r else
+                      f"{unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s"), flush=True)
+        res = {v: summary(rs) for v, rs in runs.items()}
     for v, r in res.items():
         if "oom" in r:
-            print(f"{v:5s}: out of memory ({r['oom']}); {unit} {r['peak_mb']:.0f} MB at the failure")
+            print(f"{v:13s}: out of memory ({r['oom']}); {unit} {r['peak_mb']:.0f} MB at the failure")
         else:
-            print(f"{v:5s}: {unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s "
-                  f"({r['seconds']:.2f} s in the optimizer loop), loss {r['loss']:.5f}")
-    if "oom" not in res["ours"] and "oom" not in res["plain"]:
-        print(f"ours/plain: memory {res['ours']['peak_mb'] / res['plain']['peak_mb']:.2f}x, "
-              f"tokens/s {res['ours']['tokens_per_s'] / res['plain']['tokens_per_s']:.2f}x")
-    else:
-        print("ours/plain: no ratio (a variant ran out of memory)")
+            tps = ", ".join(f"{t:.0f}" for t in r["all_tokens_per_s"])
+            print(f"{v:13s}: {unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s (median of [{tps}]; "
+                  f"{r['seconds']:.2f} s in the optimizer loop), loss {r['loss']:.5f}")
+    for v in res:
+        if v == "plain" or "plain" not in res:
+            continue
+        if "oom" not in res[v] and "oom" not in res["plain"]:
+            print(f"{v}/plain: memory {res[v]['peak_mb'] / res['plain']['peak_mb']:.2f}x, "
+                  f"tokens/s {res[v]['tokens_per_s'] / res['plain']['tokens_per_s']:.2f}x")
+        else:
+            print(f"{v}/plain: no ratio (a variant ran out of memory)")
 
 
 if __name__ == "__main__":

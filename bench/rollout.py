@@ -2,8 +2,10 @@
 
     python bench/rollout.py [--problems 128] [--max-nodes 8] [--max-new-tokens 64] [--batch-size 64]
                             [--engine process|inprocess] [--expansions-per-wave 1] [--device cpu] [--repeats 3]
+                            [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N]
 
-Two tiny agents (Qwen2- and Llama-style), each behind its own continuously batched engine: a persistent engine
+Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
+e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously batched engine: a persistent engine
 process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
 tree per problem, grading every node on public tests in the sandbox; (b) the same engines get every request the
 search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
 
@@ -31,9 +34,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "inprocess", threads: int = 0):
-    """Two tiny agents; ``engine="process"`` serves each from its own engine process (models saved to a temporary
-    folder first)."""
+def shipped_model(name: str, tok, seed: int, device: str, dtype: str):
+    """A random-weight causal LM of the shipped config ``name`` (a file of ``mars2/plan/model_configs`` or a
+    config.json path), real vocabulary kept; its pad and end tokens are the local tokenizer's, whose ids are the
+    vocabulary's first ones (the rest decode to nothing)."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(name) if Path(name).exists() else Path(__file__).resolve().parents[1] / "mars2" / "plan" / \
+        "model_configs" / f"{name}.json"
+    raw = json.loads(path.read_text())
+    raw.update(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+
+
+def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "inprocess", threads: int = 0,
+                 model: str = "", dtype: str = "float32"):
+    """Two agents: tiny Qwen2- and Llama-style models, or two random-weight ``model``s (see :func:`shipped_model`);
+    ``engine="process"`` serves each from its own engine process (models saved to a temporary folder first)."""
     from mars2.backends.engine import EngineClient, EngineSpec
     from mars2.backends.transformers_backend import TransformersBackend
     from mars2.models.tiny import build_tiny_model, train_tokenizer
@@ -42,19 +66,26 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
     texts = [p.statement for p in problems]
     folder = tempfile.mkdtemp(prefix="mars2-bench-")
     agents = {}
-    for name, arch, seed in (("qwen_tiny", "qwen2", 0), ("llama_tiny", "llama", 1)):
+    stem = re.sub(r"\W", "_", os.path.basename(model).removesuffix(".json").lower())
+    roster = (((f"{stem}_{i}", None, i) for i in (0, 1)) if model else
+              (("qwen_tiny", "qwen2", 0), ("llama_tiny", "llama", 1)))
+    for name, arch, seed in roster:
         tok = train_tokenizer(texts * 4, 512)
-        model = build_tiny_model(arch, vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=128, max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id, seed=seed)
+        if model:
+            lm = shipped_model(model, tok, seed, device, dtype)
+        else:
+            lm = build_tiny_model(arch, vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  intermediate_size=128, max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
+                                  eos_token_id=tok.eos_token_id, seed=seed)
         if engine == "process":
             path = os.path.join(folder, name)
-            model.save_pretrained(path)
+            lm.save_pretrained(path)
             tok.save_pretrained(path)
-            backend = EngineClient(EngineSpec(name, path, path, version="bench", device=device, batch_size=batch_size,
-                                              threads=threads))
+            del lm
+            backend = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,
+                                              batch_size=batch_size, threads=threads))
         else:
-            backend = TransformersBackend(model, tok, device=device, batch_size=batch_size)
+            backend = TransformersBackend(lm, tok, device=device, batch_size=batch_size)
         agents[name] = AgentRunner(backend, tok)
     return agents
 
@@ -69,6 +100,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--expansions-per-wave", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="alternate search and raw runs; report medians")
+    ap.add_argument("--model", default="", help="a shipped config (e.g. Qwen3-1.7B) for both agents, random weights")
+    ap.add_argument("--dtype", default=None, help="engine dtype; default bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per engine; default half the cores")
     args = ap.parse_args()
 
     import torch
@@ -81,10 +115,12 @@ def main() -> None:
     from mars2.search.tree_search import AgentRunner, run_tree_search
 
     cores = os.cpu_count() or 1
-    threads = max(1, cores // 2)  # two engines side by side
+    threads = args.threads or max(1, cores // 2)  # two engines side by side
     torch.set_num_threads(threads)
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     problems = [problem_from_lcb_row(r) for r in toy_benchmark(args.problems, 0)]
-    agents = build_agents(args.device, problems, batch_size=args.batch_size, engine=args.engine, threads=threads)
+    agents = build_agents(args.device, problems, batch_size=args.batch_size, engine=args.engine, threads=threads,
+                          model=args.model, dtype=dtype)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
 
     def grade(jobs):
@@ -147,6 +183,9 @@ def main() -> None:
             for side, (a, b) in (("search", (c0, c1)), ("raw", (c1, c2))):
                 batching[side] = [t + y - x for t, x, y in zip(batching[side], a, b, strict=True)]
             wave_runs.append(waves_once())
+            (st, ss), (rt, rs), (wt, ws) = search_runs[-1], raw_runs[-1], wave_runs[-1]
+            print(f"run {len(search_runs)}: search {st / ss:.1f} tok/s, raw {rt / rs:.1f} tok/s, wave search "
+                  f"{wt / ws:.1f} tok/s (search/raw {st / ss / (rt / rs):.2f})", flush=True)
     finally:
         starts = sum(getattr(r.backend, "starts", 1) for r in agents.values())
         for runner in agents.values():
@@ -155,7 +194,8 @@ def main() -> None:
     raw_tokens, raw_s = sorted(raw_runs, key=lambda x: x[0] / x[1])[len(raw_runs) // 2]
     wave_tokens, wave_s = sorted(wave_runs, key=lambda x: x[0] / x[1])[len(wave_runs) // 2]
     search_tps, raw_tps, wave_tps = search_tokens / search_s, raw_tokens / raw_s, wave_tokens / wave_s
-    print(f"problems={args.problems} max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
+    print(f"model={args.model or 'tiny qwen2 + tiny llama'} dtype={dtype} problems={args.problems} "
+          f"max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
           f"engine={args.engine} batch_size={args.batch_size} threads/engine={threads} "
           f"expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
     print(f"tree search : {search_tokens:7d} tokens in {search_s:6.2f} s = {search_tps:8.1f} tok/s (incl. public-test grading)")

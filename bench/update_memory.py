@@ -1,15 +1,18 @@
 """Host memory of the policy update on CPU: (a) chunked vs full-logits log-probs, (b) ZeRO-3 partitions from construction.
 
     python bench/update_memory.py logprobs [--tokens 8192] [--vocab 151936] [--hidden 256] [--layers 1] [--chunk 1024]
-                                           [--check-tokens 1024]
+                                           [--check-tokens 1024] [--device cpu|cuda] [--dtype float32|bfloat16]
     python bench/update_memory.py zero3 [--hidden 1024] [--layers 4] [--vocab 151936]
 
 (a) One tiny Qwen3-architecture model (real vocabulary) and one sequence of ``--tokens`` response tokens: log-probs +
     GSPO loss, forward and backward, once through the full-logits path (``token_logprobs``: [L, vocab] fp32 logits,
     a log_softmax copy and their gradients) and once through ``chunked_token_logprobs``. Each variant runs in its own
     subprocess and reports its peak RSS (``ru_maxrss``) above the RSS it had before the log-probs. Both variants then
-    run at ``--check-tokens`` (small enough for the full path anywhere) and their masked log-probs, loss and gradient
-    are compared (max |difference| must be < 1e-5); at the full length the losses are printed side by side.
+    run at ``--check-tokens`` (small enough for the full path anywhere) in float32 and their masked log-probs, loss
+    and gradient are compared (max |difference| must be < 1e-5); at the full length the losses are printed side by
+    side. With ``--device cuda`` the model sits on the GPU in ``--dtype`` and memory is the peak allocated GPU memory
+    above what the model held before the log-probs (``torch.cuda.max_memory_allocated``); a variant that runs out of
+    GPU memory is reported as such.
 (b) A Qwen3-architecture model saved to a temporary folder is built by ``load_causal_lm`` under ZeRO-3 on two gloo
     ranks (torchrun, CPU) and, as the baseline, by one process without DeepSpeed. Prints each process's peak RSS
     above its starting RSS (held once built, and the peak while building) and the parameters it holds locally.
@@ -30,6 +33,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_path() -> str:
+    """PYTHONPATH of the workers: this checkout first, then whatever the caller had (e.g. wheels unpacked elsewhere)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def peak_rss_mb() -> float:
@@ -53,40 +61,50 @@ def qwen3_config(vocab: int, hidden: int, layers: int, tied: bool = False):
 
 # (a) log-probs
 
-def logprob_worker(variant: str, tokens: int, vocab: int, hidden: int, layers: int, chunk: int, dump: str) -> dict:
-    """One variant's log-probs + loss, forward and backward, on one sequence (64 prompt + ``tokens`` response)."""
+def logprob_worker(variant: str, tokens: int, vocab: int, hidden: int, layers: int, chunk: int, dump: str,
+                   device: str = "cpu", dtype: str = "float32") -> dict:
+    """One variant's log-probs + loss, forward and backward, on one sequence (64 prompt + ``tokens`` response).
+    Memory: peak RSS on the CPU, peak allocated GPU memory on CUDA, each above what was held before the log-probs."""
     import torch
     from transformers import Qwen3ForCausalLM
 
     from mars2.rl.losses import gspo_loss
     from mars2.train.engine import Sample, chunked_token_logprobs, pack_batch, token_logprobs
 
+    cuda = device.startswith("cuda")
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(qwen3_config(vocab, hidden, layers))
+    model = Qwen3ForCausalLM(qwen3_config(vocab, hidden, layers)).to(device=device, dtype=getattr(torch, dtype))
     g = torch.Generator().manual_seed(1)
     prompt, response = (torch.randint(0, vocab, (n,), generator=g).tolist() for n in (64, tokens))
-    batch = pack_batch([Sample(prompt, response, [0.0] * tokens, 1.0)], pad_id=0)
-    before = current_rss_mb()
-    if variant == "full":
-        logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-    else:
-        logp = chunked_token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["mask"],
-                                      chunk_tokens=chunk)
-    logp = logp * batch["mask"]
-    with torch.no_grad():
-        rollout = logp.detach() - 0.01 * batch["mask"]
-    out = gspo_loss(logp, logp.detach(), rollout, rollout, batch["advantages"], batch["mask"])
-    out.loss.backward()
-    peak = peak_rss_mb()
-    grad = torch.cat([p.grad.flatten() for p in model.parameters()])
-    torch.save({"logp": logp.detach()[batch["mask"] == 1], "grad": grad}, dump)
-    return {"variant": variant, "tokens": tokens, "loss": float(out.loss), "rss_before_mb": before,
-            "peak_rss_mb": peak, "peak_above_mb": peak - before}
+    batch = {k: v.to(device) for k, v in pack_batch([Sample(prompt, response, [0.0] * tokens, 1.0)], pad_id=0).items()}
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() / 2**20 if cuda else current_rss_mb()
+    res = {"variant": variant, "tokens": tokens, "device": device, "dtype": dtype, "rss_before_mb": before}
+    try:
+        if variant == "full":
+            logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        else:
+            logp = chunked_token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["mask"],
+                                          chunk_tokens=chunk)
+        logp = logp * batch["mask"]
+        with torch.no_grad():
+            rollout = logp.detach() - 0.01 * batch["mask"]
+        out = gspo_loss(logp, logp.detach(), rollout, rollout, batch["advantages"], batch["mask"])
+        out.loss.backward()
+    except torch.OutOfMemoryError as e:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        return {**res, "oom": str(e).splitlines()[0][:160], "peak_rss_mb": peak, "peak_above_mb": peak - before}
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
+    grad = torch.cat([p.grad.float().flatten() for p in model.parameters()]).cpu()
+    torch.save({"logp": logp.detach()[batch["mask"] == 1].cpu(), "grad": grad}, dump)
+    return {**res, "loss": float(out.loss), "peak_rss_mb": peak, "peak_above_mb": peak - before}
 
 
 def run_worker(args: list[str]) -> dict:
     out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": python_path()})
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -100,20 +118,28 @@ def compare(a: str, b: str) -> tuple[float, float]:
 
 
 def bench_logprobs(a) -> None:
-    shape = ["--vocab", str(a.vocab), "--hidden", str(a.hidden), "--layers", str(a.layers), "--chunk", str(a.chunk)]
+    shape = ["--vocab", str(a.vocab), "--hidden", str(a.hidden), "--layers", str(a.layers), "--chunk", str(a.chunk),
+             "--device", a.device]
+    unit = "peak GPU memory (allocated)" if a.device.startswith("cuda") else "peak RSS"
     with tempfile.TemporaryDirectory() as tmp:
-        check = {v: run_worker(["_logprob", v, "--tokens", str(a.check_tokens), "--dump", f"{tmp}/{v}-check.pt", *shape])
-                 for v in ("full", "chunked")}
+        check = {v: run_worker(["_logprob", v, "--tokens", str(a.check_tokens), "--dump", f"{tmp}/{v}-check.pt",
+                                "--dtype", "float32", *shape]) for v in ("full", "chunked")}
         dlogp, dgrad = compare(f"{tmp}/full-check.pt", f"{tmp}/chunked-check.pt")
         print(f"check at {a.check_tokens} response tokens: max|Δ log-prob| = {dlogp:.2e}, max|Δ grad| = {dgrad:.2e}, "
               f"loss full {check['full']['loss']:.8f} chunked {check['chunked']['loss']:.8f} -> "
               f"{'same to 1e-5' if max(dlogp, dgrad) < 1e-5 else 'DIFFERENT'}")
         runs = {}
         for v in ("chunked", "full"):  # one at a time: the full path needs several GB at 8K tokens
-            runs[v] = run_worker(["_logprob", v, "--tokens", str(a.tokens), "--dump", f"{tmp}/{v}.pt", *shape])
-            print(f"{v:8s} {a.tokens} response tokens, vocab {a.vocab}: peak RSS {runs[v]['peak_rss_mb']:.0f} MB, "
-                  f"{runs[v]['peak_above_mb']:.0f} MB above the model ({runs[v]['rss_before_mb']:.0f} MB); "
-                  f"loss {runs[v]['loss']:.8f}")
+            runs[v] = run_worker(["_logprob", v, "--tokens", str(a.tokens), "--dump", f"{tmp}/{v}.pt",
+                                  "--dtype", a.dtype, *shape])
+            r = runs[v]
+            print(f"{v:8s} {a.tokens} response tokens, vocab {a.vocab}, {a.dtype} on {a.device}: {unit} "
+                  f"{r['peak_rss_mb']:.0f} MB, {r['peak_above_mb']:.0f} MB above the model ({r['rss_before_mb']:.0f} MB)"
+                  + (f"; OUT OF MEMORY ({r['oom']})" if "oom" in r else f"; loss {r['loss']:.8f}"))
+        if any("oom" in r for r in runs.values()):
+            print(f"at {a.tokens} tokens: no comparison (a variant ran out of memory); the chunked path's log-prob "
+                  f"memory {runs['chunked']['peak_above_mb']:.0f} MB")
+            return
         dlogp, dgrad = compare(f"{tmp}/full.pt", f"{tmp}/chunked.pt")
     print(f"at {a.tokens} tokens: max|Δ log-prob| = {dlogp:.2e}, max|Δ grad| = {dgrad:.2e}; log-prob memory full/chunked "
           f"= {runs['full']['peak_above_mb'] / max(runs['chunked']['peak_above_mb'], 1):.1f}x "
@@ -155,7 +181,7 @@ def bench_zero3(a) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         Qwen3ForCausalLM(qwen3_config(a.vocab, a.hidden, a.layers)).save_pretrained(tmp)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": "1"}
         env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
         whole = subprocess.run([sys.executable, __file__, "_zero3", tmp, "--whole"], capture_output=True, text=True,
                                env=env, check=True)
@@ -185,8 +211,11 @@ def main() -> None:
         ap.add_argument("--layers", type=int)
         ap.add_argument("--chunk", type=int)
         ap.add_argument("--dump")
+        ap.add_argument("--device", default="cpu")
+        ap.add_argument("--dtype", default="float32")
         w = ap.parse_args(sys.argv[2:])
-        print(json.dumps(logprob_worker(w.variant, w.tokens, w.vocab, w.hidden, w.layers, w.chunk, w.dump)))
+        print(json.dumps(logprob_worker(w.variant, w.tokens, w.vocab, w.hidden, w.layers, w.chunk, w.dump, w.device,
+                                        w.dtype)))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_zero3":
         zero3_worker(sys.argv[2], partitioned="--whole" not in sys.argv)
@@ -199,6 +228,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=None, help="default 256 (logprobs), 1024 (zero3)")
     ap.add_argument("--layers", type=int, default=None, help="default 1 (logprobs), 4 (zero3)")
     ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--device", default="cpu", help="logprobs: cpu, or cuda (GPU memory instead of RSS)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="logprobs: the model's dtype in the memory runs (the check runs in float32)")
     a = ap.parse_args()
     if a.part == "logprobs":
         a.hidden, a.layers = a.hidden or 256, a.layers or 1
