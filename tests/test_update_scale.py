@@ -253,6 +253,29 @@ def test_zero3_update_in_one_process_matches_zero0(tiny_model_dir, tiny_tokenize
     assert _max_change(tmp_path / "z3" / "model", Path(tiny_model_dir)) > 1e-4
 
 
+def test_zero3_updates_leave_no_engine_or_model_alive(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """DeepSpeed's ZeRO-3 keeps module-level references to each engine's model (a forward-module stack, a class-level
+    cache); an update drops them, or on a GPU the next update in the same process (next agent, next cycle) runs out
+    of memory — seen on an H100 at Qwen3-1.7B before the fix. Without it each update here left 2 engines alive."""
+    import gc
+
+    from deepspeed import DeepSpeedEngine
+
+    def alive():
+        gc.collect()
+        objs = gc.get_objects()
+        return (sum(isinstance(o, DeepSpeedEngine) for o in objs),
+                sum(isinstance(o, torch.nn.Module) and type(o).__name__.endswith("ForCausalLM") for o in objs))
+
+    samples = _good_and_bad(tiny_tokenizer, tiny_model_dir)
+    args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
+                pad_id=tiny_tokenizer.pad_token_id, hp=UpdateHParams(lr=1e-3, micro_batch=2), profile=ZERO3)
+    before = alive()
+    for i in range(2):
+        update_agent(out_dir=tmp_path / str(i), **args)
+        assert alive() == before, f"after update {i + 1}: (engines, models) alive {alive()} vs {before} before"
+
+
 @pytest.mark.slow
 def test_zero3_bf16_offload_profile_updates_with_cpu_adam(tiny_model_dir, tiny_tokenizer, tmp_path):
     """The shipped offload profile as it is (builds DeepSpeedCPUAdam once: ~50 s of compilation on a fresh cache)."""

@@ -173,6 +173,40 @@ def reference_config(ds_cfg: dict[str, Any]) -> dict[str, Any]:
     return {**ds_cfg, "zero_optimization": zero}
 
 
+def release_engine(engine) -> None:
+    """Destroy a finished DeepSpeed engine and drop what DeepSpeed's ZeRO-3 keeps of its model at module level, so
+    that its parameters, gradients and optimizer states are freed once the caller's references go.
+
+    DeepSpeed 0.19 keeps two such references: the forward-module stack (``parameter_offload.FWD_MODULE_STACK``: the
+    root module is pushed when ZeRO-3 is set up and never popped, and recomputed forwards leave submodules on it) and
+    the parameter coordinator's class-level ``lru_cache`` of parameters to release, keyed on the coordinator and the
+    submodules. Without this every ZeRO-3 engine stays alive with its model: on a GPU the second update in one process
+    (the next agent, the next cycle) runs out of memory.
+    """
+    module = getattr(engine, "module", None)
+    engine.destroy()
+    if module is None or not hasattr(module, "ds_id"):  # not set up by ZeRO-3
+        return
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    ours = {id(m) for m in module.modules()}
+    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in ours]
+    # name-mangled ``__params_to_release``, wrapped by DeepSpeed's NVTX decorator around the cache; the cache is per
+    # class, so other live engines only recompute their entries
+    fn = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
+    for f in (fn, *(c.cell_contents for c in fn.__closure__ or ())):
+        if hasattr(f, "cache_clear"):
+            f.cache_clear()
+
+
+def free_accelerator_memory() -> None:
+    """Collect the cycles a released engine leaves (hooks refer to their modules) and give cached GPU blocks back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def pack_batch(samples: list[Sample], pad_id: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Right-pad prompt+response sequences into tensors aligned with next-token log-probs.
 
@@ -371,9 +405,9 @@ def reference_logprobs(ref_model_dir: str, batches: list[dict[str, torch.Tensor]
                                       temperature=hp.temperature, chunk_tokens=hp.logprob_chunk_tokens)
                for b in batches]
     if engine is not None:
-        engine.destroy()
+        release_engine(engine)
     del ref, engine
-    gc.collect()
+    free_accelerator_memory()
     return out
 
 
@@ -476,6 +510,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     _save_hf(engine, out_dir / "model", profile, rank)
     if world > 1:
         dist.barrier()
+    release_engine(engine)
+    del engine, optimizer, model, logprobs
+    free_accelerator_memory()
     means = {key: float(totals[j]) / len(steps) for j, key in enumerate(summed)}
     means |= {key: float(totals[len(summed) + j]) / len(samples) for j, key in enumerate(weighted)}
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
