@@ -5,6 +5,8 @@
     python bench/gpu_update.py --model Qwen3-8B --profile zero3_bf16_offload
     python bench/gpu_update.py --repeats 3 --variants ours,plain,plain_chunked   # medians; the chunked path's share
     python bench/gpu_update.py --tiny          # a tiny Qwen3 shape on CPU (the test suite runs this)
+    python bench/gpu_update.py --shape 512,4 --fp32 --device cpu --prompt-tokens 128 --response-tokens 2048 \
+        --repeats 2 --variants ours,plain,plain_chunked   # a head-heavy shape on CPU: the log-prob path's share
 
 The model is built from ``mars2/plan/model_configs/<model>.json`` with random weights and saved once to a temporary
 folder; both variants run in their own subprocess on the same samples (random tokens), under the same DeepSpeed
@@ -48,9 +50,18 @@ def python_path() -> str:
 CONFIGS = ROOT / "mars2" / "plan" / "model_configs"
 
 
-def model_config(name: str, tiny: bool):
+def model_config(name: str, tiny: bool, shape: str | None = None):
+    """The bench's model: the tiny shape, a Qwen3 of ``shape`` = "HIDDEN,LAYERS" with the real 151,936-token
+    vocabulary (tied; a head-heavy model for CPU runs), or a shipped config."""
     from transformers import Qwen3Config
 
+    if shape:
+        hidden, layers = (int(x) for x in shape.split(","))
+        heads = max(1, hidden // 64)
+        return Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=3 * hidden,
+                           num_hidden_layers=layers, num_attention_heads=heads,
+                           num_key_value_heads=max(1, heads // 2), head_dim=64, max_position_embeddings=65536,
+                           tie_word_embeddings=True)
     if tiny:
         return Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
@@ -172,7 +183,8 @@ def worker(variant: str, job_path: str) -> None:
 
 
 def summary(runs: list[dict]) -> dict:
-    """The median run by tokens/s (an out-of-memory run wins), with every run's tokens/s and the largest peak."""
+    """The median run by tokens/s (the upper middle one of an even count; an out-of-memory run wins), with every
+    run's tokens/s and the largest peak."""
     if oom := [r for r in runs if "oom" in r]:
         return oom[0]
     med = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
@@ -199,12 +211,15 @@ def main() -> None:
     ap.add_argument("--variants", default="ours,plain", help="comma-separated: ours, plain, plain_chunked (the plain "
                                                              "loop with chunked log-probs)")
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU, ZeRO-3 fp32, 96-token responses")
+    ap.add_argument("--shape", default=None, help="HIDDEN,LAYERS: a Qwen3 of that shape with the real vocabulary "
+                                                  "instead of --model")
+    ap.add_argument("--fp32", action="store_true", help="the profile with bf16 off (for CPU runs)")
     a = ap.parse_args()
     import torch
     import yaml
 
     device = a.device or ("cuda:0" if torch.cuda.is_available() and not a.tiny else "cpu")
-    cfg = model_config(a.model, a.tiny)
+    cfg = model_config(a.model, a.tiny, a.shape)
     if a.tiny:
         a.response_tokens, a.prompt_tokens, a.samples = 96, 16, 2
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
@@ -217,6 +232,9 @@ def main() -> None:
         if a.tiny:
             profile = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": False}, "gradient_checkpointing": True}
             name = "zero3 fp32 (tiny)"
+        if a.fp32:
+            profile = {**profile, "bf16": {"enabled": False}}
+            name += " with bf16 off"
         bf16 = bool(profile.get("bf16", {}).get("enabled"))
         job = {"model_dir": f"{tmp}/model", "out": f"{tmp}/out", "profile": profile, "device": device,
                "dtype": "bfloat16" if bf16 else "float32", "samples": a.samples, "prompt": a.prompt_tokens,
@@ -224,7 +242,8 @@ def main() -> None:
                "micro_batch_tokens": a.micro_batch_tokens, "repeats": a.repeats,
                "step_batch": None if a.steps <= 1 else max(1, a.samples // a.steps)}
         Path(f"{tmp}/job.json").write_text(json.dumps(job))
-        print(f"model {'tiny Qwen3' if a.tiny else a.model}: {n_params / 1e9:.3f} B parameters, profile {name}, "
+        what = "tiny Qwen3" if a.tiny else f"Qwen3 (hidden, layers) = ({a.shape}), vocab 151936" if a.shape else a.model
+        print(f"model {what}: {n_params / 1e9:.3f} B parameters, profile {name}, "
               f"device {device}, {a.samples} samples x ({a.prompt_tokens} prompt + {a.response_tokens} response) "
               f"tokens, {a.steps} optimizer step(s), {a.repeats} run(s) per variant", flush=True)
         unit = "GPU memory (max allocated)" if device.startswith("cuda") else "peak RSS"
