@@ -8,7 +8,7 @@
     python bench/gpu_update.py --shape 512,4 --fp32 --device cpu --prompt-tokens 128 --response-tokens 2048 \
         --repeats 2 --variants ours,plain,plain_chunked   # a head-heavy shape on CPU: the log-prob path's share
 
-The model is built from ``mars2/plan/model_configs/<model>.json`` with random weights and saved once to a temporary
+The model is built from ``mars2/plan/model_configs/<model>.json`` (or a folder's config.json) with random weights and saved once to a temporary
 folder; both variants run in their own subprocess on the same samples (random tokens), under the same DeepSpeed
 profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.engine.build_optimizer`):
 
@@ -23,8 +23,8 @@ profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.en
 
 Prints each variant's peak accelerator memory (CPU: peak RSS) and trained tokens/s of the optimizer loop (model
 building and, for ours, the reference pass are outside the timed loop), and ratios to plain. With ``--repeats N``
-there are N rounds (every variant once per round, each run in a fresh process) and the median run is reported. A variant that runs out of memory is
-reported as such.
+there are N rounds (every variant once per round, each run in a fresh process) and the median run is reported. A
+variant that runs out of memory is reported as such.
 """
 
 from __future__ import annotations
@@ -39,38 +39,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import ROOT, python_path, qwen3_config, shipped_config
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def python_path() -> str:
-    """PYTHONPATH of the workers: this checkout first, then whatever the caller had (e.g. wheels unpacked elsewhere)."""
-    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-CONFIGS = ROOT / "mars2" / "plan" / "model_configs"
 
 
 def model_config(name: str, tiny: bool, shape: str | None = None):
     """The bench's model: the tiny shape, a Qwen3 of ``shape`` = "HIDDEN,LAYERS" with the real 151,936-token
-    vocabulary (tied; a head-heavy model for CPU runs), or a shipped config."""
+    vocabulary (tied; a head-heavy model for CPU runs), or ``name``'s config (:func:`common.shipped_config`)."""
     from transformers import Qwen3Config
 
     if shape:
         hidden, layers = (int(x) for x in shape.split(","))
-        heads = max(1, hidden // 64)
-        return Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=3 * hidden,
-                           num_hidden_layers=layers, num_attention_heads=heads,
-                           num_key_value_heads=max(1, heads // 2), head_dim=64, max_position_embeddings=65536,
-                           tie_word_embeddings=True)
+        return qwen3_config(151936, hidden, layers, tied=True)
     if tiny:
         return Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                            tie_word_embeddings=True)
-    from transformers import AutoConfig
-
-    path = Path(name) if Path(name).exists() else CONFIGS / f"{name}.json"
-    raw = json.loads(path.read_text())
-    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    return shipped_config(name)
 
 
 def save_random_model(cfg, folder: str, device: str) -> int:
@@ -196,7 +183,8 @@ def main() -> None:
         worker(sys.argv[2], sys.argv[3])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="Qwen3-1.7B", help="a file name of mars2/plan/model_configs or a config.json")
+    ap.add_argument("--model", default="Qwen3-1.7B", help="a shipped config's name (mars2/plan/model_configs) or a folder "
+                                                           "with a config.json")
     ap.add_argument("--response-tokens", type=int, default=16384)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--samples", type=int, default=2)
@@ -239,7 +227,7 @@ def main() -> None:
         job = {"model_dir": f"{tmp}/model", "out": f"{tmp}/out", "profile": profile, "device": device,
                "dtype": "bfloat16" if bf16 else "float32", "samples": a.samples, "prompt": a.prompt_tokens,
                "response": a.response_tokens, "vocab": cfg.vocab_size, "chunk": a.chunk,
-               "micro_batch_tokens": a.micro_batch_tokens, "repeats": a.repeats,
+               "micro_batch_tokens": a.micro_batch_tokens,
                "step_batch": None if a.steps <= 1 else max(1, a.samples // a.steps)}
         Path(f"{tmp}/job.json").write_text(json.dumps(job))
         what = "tiny Qwen3" if a.tiny else f"Qwen3 (hidden, layers) = ({a.shape}), vocab 151936" if a.shape else a.model

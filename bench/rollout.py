@@ -30,25 +30,20 @@ import re
 import tempfile
 import time
 
+from common import shipped_config
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def shipped_model(name: str, tok, seed: int, device: str, dtype: str):
-    """A random-weight causal LM of the shipped config ``name`` (a file of ``mars2/plan/model_configs`` or a
-    config.json path), real vocabulary kept; its pad and end tokens are the local tokenizer's, whose ids are the
-    vocabulary's first ones (the rest decode to nothing)."""
-    import json
-    from pathlib import Path
-
+    """A random-weight causal LM of the shipped config ``name`` (:func:`common.shipped_config`), real vocabulary
+    kept; its pad and end tokens are the local tokenizer's, whose ids are the vocabulary's first ones (the rest decode
+    to nothing)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    path = Path(name) if Path(name).exists() else Path(__file__).resolve().parents[1] / "mars2" / "plan" / \
-        "model_configs" / f"{name}.json"
-    raw = json.loads(path.read_text())
-    raw.update(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
-    cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    cfg = shipped_config(name, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
@@ -66,7 +61,7 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
     texts = [p.statement for p in problems]
     folder = tempfile.mkdtemp(prefix="mars2-bench-")
     agents = {}
-    stem = re.sub(r"\W", "_", os.path.basename(model).removesuffix(".json").lower())
+    stem = re.sub(r"\W", "_", os.path.basename(os.path.normpath(model)).lower())
     roster = (((f"{stem}_{i}", None, i) for i in (0, 1)) if model else
               (("qwen_tiny", "qwen2", 0), ("llama_tiny", "llama", 1)))
     for name, arch, seed in roster:

@@ -28,16 +28,11 @@ import resource
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+
+from common import python_path, qwen3_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def python_path() -> str:
-    """PYTHONPATH of the workers: this checkout first, then whatever the caller had (e.g. wheels unpacked elsewhere)."""
-    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def peak_rss_mb() -> float:
@@ -48,15 +43,6 @@ def peak_rss_mb() -> float:
 def current_rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def qwen3_config(vocab: int, hidden: int, layers: int, tied: bool = False):
-    from transformers import Qwen3Config
-
-    heads = max(1, hidden // 64)
-    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=64,
-                       max_position_embeddings=65536, tie_word_embeddings=tied, rope_theta=1e6)
 
 
 # (a) log-probs

@@ -90,7 +90,8 @@ def tiny_config_dict(tiny: Any) -> dict[str, Any]:
     }
 
 
-def _hf_config(config: dict[str, Any]):
+def hf_config(config: dict[str, Any]):
+    """A transformers config object from a config.json-style dict."""
     from transformers import AutoConfig
 
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "_name_or_path")}
@@ -104,7 +105,7 @@ def build_meta_model(config: dict[str, Any]):
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf = _hf_config(config)
+    hf = hf_config(config)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(hf), hf
 
