@@ -170,3 +170,128 @@ def test_prompts_of_different_lengths_admitted_together_prefill_in_groups_and_sa
         assert alone.response_ids == got[i].response_ids
         assert alone.logprobs == pytest.approx(got[i].logprobs, abs=1e-5)
     together.close()
+
+
+def test_fill_holes_moves_only_the_rows_evicted_from_below():
+    from mars2.backends.continuous import fill_holes
+
+    assert fill_holes([0, 2, 3, 5]) == [0, 5, 2, 3]
+    assert fill_holes([0, 1, 2]) == [0, 1, 2] and fill_holes([4]) == [4] and fill_holes([]) == []
+    for keep in ([1, 3, 4, 6, 7], [5, 6, 7], [0, 3]):
+        order = fill_holes(keep)
+        assert sorted(order) == keep  # every kept row once
+        assert all(order[i] == i for i in range(len(order)) if i in keep)  # kept rows below the cut stay put
+
+
+def test_slack_layer_holds_what_concatenation_would_through_steps_merges_and_evictions():
+    """SlackLayer writes in place and moves its window only when it runs out of room; whatever the sequence of decode
+    steps (update), merges (join) and evictions (keep_rows), its keys/values equal the left-padded concatenation a
+    DynamicLayer would hold (padding zeroed)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from mars2.backends.continuous import SlackLayer, fill_holes
+
+    g = torch.Generator().manual_seed(0)
+    heads, dim = 2, 3
+
+    def prefilled(rows, length):
+        layer = DynamicLayer()
+        layer.update(torch.randn(rows, heads, length, dim, generator=g), torch.randn(rows, heads, length, dim, generator=g))
+        return layer
+
+    rows: list[tuple[torch.Tensor, torch.Tensor]] = []  # the reference: each row's real keys/values [H, n, D]
+
+    def expected():
+        width = max(k.shape[1] for k, _ in rows)
+        pad = lambda t: torch.nn.functional.pad(t, [0, 0, width - t.shape[1], 0])  # noqa: E731
+        return torch.stack([pad(k) for k, _ in rows]), torch.stack([pad(v) for _, v in rows])
+
+    first = prefilled(3, 5)
+    slack = SlackLayer(first.keys, first.values, max_rows=16)
+    slack.join([first], 5)
+    rows += [(first.keys[i], first.values[i]) for i in range(3)]
+    buffers, moves = slack.key_buf, 0
+    widened_in_place = 0
+    for step in range(60):
+        start_before = slack.start
+        k, v = torch.randn(len(rows), heads, 1, dim, generator=g), torch.randn(len(rows), heads, 1, dim, generator=g)
+        keys, values = slack.update(k, v)
+        rows = [(torch.cat([rk, k[i]], 1), torch.cat([rv, v[i]], 1)) for i, (rk, rv) in enumerate(rows)]
+        if step % 7 == 3:  # a merge: two prompt groups of other lengths join below the running rows
+            # the second group is a little wider than the window: it widens it into columns evicted rows left
+            longer = keys.shape[2] + min(slack.start, 3) if slack.start else 30 + step
+            groups = [prefilled(2, 4 + step // 3), prefilled(1, longer)]
+            width = max(keys.shape[2], *(layer.keys.shape[2] for layer in groups))
+            slack.join(groups, width)
+            rows += [(layer.keys[i], layer.values[i]) for layer in groups for i in range(layer.keys.shape[0])]
+        if step % 5 == 4 and len(rows) > 2:  # an eviction: every third row finishes
+            keep = [i for i in range(len(rows)) if i % 3 != 1]
+            order = fill_holes(keep)
+            rows = [rows[i] for i in order]
+            width = max(k.shape[1] for k, _ in rows)
+            slack.keep_rows([(n, o) for n, o in enumerate(order) if n != o], len(order),
+                            slack.end - slack.start - width)
+        moves += slack.key_buf is not buffers
+        widened_in_place += step % 7 == 3 and slack.key_buf is buffers and slack.start < start_before
+        buffers = slack.key_buf
+        want_k, want_v = expected()
+        assert torch.equal(slack.keys, want_k) and torch.equal(slack.values, want_v), step
+        assert slack.get_seq_length() == want_k.shape[2]
+    assert 1 <= moves <= 20  # the window moved, but far less often than every step
+    assert widened_in_place  # and a merge widened it into free columns of the same buffers
+
+
+def test_requests_joining_a_running_batch_at_different_steps_sample_as_alone(tiny_model_dir):
+    """Requests of different prompt lengths and lengths to generate, arriving while others decode, in a batch too
+    small for all of them: rows join mid-flight, finished rows leave holes that the last rows fill, and the cache
+    outgrows its spare columns; every request still samples what it samples alone."""
+    import time
+
+    from mars2.backends.continuous import ContinuousBatcher
+
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    texts = ["def f(x):", "read n numbers and print the largest of them " * 3, "print(x)", "sum a list " * 9,
+             "x", "sort the input lines and print them " * 2, "n = int(input())"]
+    requests = [(tok(t)["input_ids"], 300 + i, 8 + 23 * (i % 4)) for i, t in enumerate(texts)]
+
+    def batcher():
+        return ContinuousBatcher(backend.model, pad_id=tok.pad_token_id, stop_ids=[], max_batch=3)
+
+    b = batcher()
+    futures = []
+    for ids, seed, n in requests:
+        futures.append(b.submit(ids, temperature=1.0, top_p=0.9, max_new_tokens=n, seed=seed))
+        time.sleep(0.02)
+    got = [f.result(timeout=120) for f in futures]
+    assert b.prefills >= 3 and b.steps > max(n for *_, n in requests)
+    for (ids, seed, n), together in zip(requests, got, strict=True):
+        alone = batcher().submit(ids, temperature=1.0, top_p=0.9, max_new_tokens=n, seed=seed).result(timeout=120)
+        assert len(together.response_ids) == n and alone.response_ids == together.response_ids
+        assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-5)
+    b.close()
+
+
+def test_a_merge_that_widens_the_window_in_place_exposes_zeros_not_an_evicted_rows_keys():
+    """Rows [A, B, Y]; Y, the widest, finishes and the columns only it used leave the window. C then joins in Y's
+    old row (written over the window only), and a row as wide as Y widens the window back into those columns without
+    moving the buffers: in C's row they must read as padding (zeros), not as Y's old keys."""
+    from transformers.cache_utils import DynamicLayer
+
+    from mars2.backends.continuous import SlackLayer
+
+    def prefilled(rows, length, value):
+        layer = DynamicLayer()
+        layer.update(torch.full((rows, 1, length, 2), value), torch.full((rows, 1, length, 2), value))
+        return layer
+
+    ab, y, c, z = prefilled(2, 4, 1.0), prefilled(1, 10, 7.0), prefilled(1, 4, 3.0), prefilled(1, 10, 5.0)
+    slack = SlackLayer(ab.keys, ab.values, max_rows=8)
+    slack.join([ab, y], 10)
+    slack.keep_rows([], 2, 6)  # Y (the last row) finished: 6 columns of padding for A and B leave the window
+    slack.join([c], 4)
+    assert slack.keys.shape[2] == 4 and torch.equal(slack.keys[2], c.keys[0])
+    buffers = slack.key_buf
+    slack.join([z], 10)
+    assert slack.key_buf is buffers  # widened in place
+    assert torch.equal(slack.keys[2, :, :6], torch.zeros(1, 6, 2)) and torch.equal(slack.keys[3], z.keys[0])
+    assert torch.equal(slack.values[:3, :, :6], torch.zeros(3, 1, 6, 2))

@@ -3,20 +3,23 @@
 One thread owns the model and runs the decode loop. Each iteration it
 
 1. *admits* waiting requests while the batch has room: their prompts are prefilled together (left-padded), each
-   samples its first token, and their KV caches are merged into the running batch's (both left-padded to the
-   longer one along the sequence axis; padded columns are masked out);
+   samples its first token, and their KV caches are written below the running batch's rows, right-aligned (the
+   columns left of a row's own are zeros, masked out);
 2. *steps* the running batch: one forward pass of every row's last token ([B, 1], with the KV cache, the
    attention mask [B, L + 1] and per-row position ids), one token sampled per row (``sampler.next_tokens``, the
    row's own seed, step, temperature and top-p);
-3. *evicts* finished rows (an end token, or ``max_new_tokens``), resolving their futures, and drops the cache
-   columns no remaining row attends to.
+3. *evicts* finished rows (an end token, or ``max_new_tokens``), resolving their futures: the last rows move into
+   the holes, and the cache columns no remaining row attends to leave the window.
+
+The running cache is a :class:`SlackLayer` per model layer: preallocated buffers with spare rows and columns, so a
+decode step writes one column in place, where transformers' ``DynamicLayer`` copies the whole cache every step.
 
 So the batch stays as full as the requests in flight allow, a row that finished early costs nothing, and a request
 that arrives mid-flight starts at the next step instead of waiting for the batch to drain (the wave barrier of
 static batching). Positions are explicit and padding is masked, so a row computes the same thing whatever it is
 batched with; with the per-request uniforms of the sampler, what it samples does not depend on its batch.
 
-The merge pads the cache's tensors, so the model's cache layers must be full-attention ``DynamicLayer`` s (a
+Rows share the columns of one window, so the model's prefill caches must be full-attention ``DynamicLayer`` s (a
 sliding-window layer would be corrupted by padding; such a model is refused with a clear error).
 """
 
@@ -25,11 +28,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+
+from transformers.cache_utils import DynamicLayer
 
 
 IDLE_EXIT_S = 1.0
@@ -92,6 +98,8 @@ class ContinuousBatcher:
         self.rows_stepped = 0  # Σ over steps of the rows in the batch: rows_stepped / steps = mean batch size
         self.waiting_stepped = 0  # Σ over steps of the requests waiting: (rows + waiting) / steps = mean demand
         self.prefills = 0  # prefill forward passes (an admission runs one per group of similar prompt lengths)
+        self.prefill_tokens = 0  # Σ prompt tokens prefilled, padding included
+        self.prefill_s = self.decode_s = 0.0  # the decode thread's CPU seconds in admissions and in decode steps
 
     def submit(self, prompt_ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int,
                seed: int) -> Future:
@@ -171,9 +179,13 @@ class ContinuousBatcher:
             try:
                 with self.model_lock:
                     if admit:
+                        t0 = time.thread_time()
                         self._admit(admit)
+                        self.prefill_s += time.thread_time() - t0
                     if self._rows:
+                        t0 = time.thread_time()
                         self._step()
+                        self.decode_s += time.thread_time() - t0
             except BaseException as e:  # a failed forward pass fails its rows, not the loop
                 with self._cv:
                     for r in [*admit, *self._rows]:
@@ -218,6 +230,7 @@ class ContinuousBatcher:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                                  **self._last_logits_only)
             self.prefills += 1
+            self.prefill_tokens += ids.numel()
             check_cache_layers(out.past_key_values)
             caches.append(out.past_key_values)
             masks.append(mask)
@@ -238,14 +251,17 @@ class ContinuousBatcher:
         self._sample_and_evict(self._rows, out.logits[:, -1, :])
 
     def _merge(self, requests, caches: list, masks: list, logits) -> None:
-        """Sample the new rows' first tokens, then join them (their prefills' caches, in one concatenation) to the
-        running batch."""
+        """Sample the new rows' first tokens, then write their prefills' caches into the running batch's
+        (:class:`SlackLayer`: in place where its buffers have room), below its rows."""
         import torch
 
         pos = torch.cat([m.sum(-1) for m in masks])
         if self._rows:
-            caches, masks, pos = [self._cache, *caches], [self._mask, *masks], torch.cat([self._pos, pos])
-        self._cache, self._mask = concat_caches(caches, masks)
+            masks, pos = [self._mask, *masks], torch.cat([self._pos, pos])
+        else:
+            self._cache = slack_cache(caches[0], self.max_batch)
+        self._mask = left_pad_cat(masks)
+        join_rows(self._cache, caches, self._mask.shape[1])
         self._pos = pos
         old = self._rows
         self._rows = [*old, *requests]
@@ -280,19 +296,23 @@ class ContinuousBatcher:
             self._evict(keep)
 
     def _evict(self, keep: list[int]) -> None:
+        """Drop the finished rows: the last kept rows move into the holes (:func:`fill_holes`: a copy of the moved
+        rows only, not of the batch), and the cache's window starts at the first column a remaining row attends to."""
         import torch
 
+        order = fill_holes(keep)
         with self._cv:
-            self._rows = [self._rows[i] for i in keep]
+            self._rows = [self._rows[i] for i in order]
             if not self._rows:
                 self._cache = self._mask = self._last = self._pos = None
                 self._cv.notify_all()
                 return
-        index = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
+        index = torch.tensor(order, dtype=torch.long, device=self._mask.device)
         mask = self._mask[index]
         first = int(mask.any(dim=0).nonzero()[0])  # columns before it are padding for every remaining row
+        moved = [(new, old) for new, old in enumerate(order) if new != old]
         for layer in self._cache.layers:
-            layer.keys, layer.values = layer.keys[index, :, first:], layer.values[index, :, first:]
+            layer.keep_rows(moved, len(order), first)
         self._mask, self._last, self._pos = mask[:, first:], self._last[index], self._pos[index]
 
 
@@ -306,8 +326,6 @@ def last_logits_only(model) -> dict:
 
 def check_cache_layers(cache) -> None:
     """The merge and the eviction pad and slice ``keys``/``values`` [B, H, L, D]: full-attention dynamic layers only."""
-    from transformers.cache_utils import DynamicLayer
-
     for layer in getattr(cache, "layers", [None]):
         if type(layer) is not DynamicLayer:
             raise NotImplementedError(f"continuous batching needs full-attention DynamicLayer caches, this model's "
@@ -327,24 +345,112 @@ def length_groups(lengths: list[int], max_padding: float) -> list[slice]:
     return groups
 
 
-def concat_caches(caches: list, masks: list):
-    """Stack batches' caches on the batch axis, left-padding the shorter along the sequence axis: keys/values
-    [B_i, H, L_i, D] → [Σ B_i, H, max L_i, D] (into the first cache); masks [B_i, L_i] likewise."""
+def fill_holes(keep: list[int]) -> list[int]:
+    """The rows' new order after an eviction: row i of the new batch is old row ``order[i]``. Kept rows below
+    ``len(keep)`` stay where they are; the kept rows above it fill the holes the evicted rows left. So only as many
+    rows move as were evicted from below, e.g. keep [0, 2, 3, 5] → [0, 5, 2, 3]."""
+    n = len(keep)
+    stay = {i for i in keep if i < n}
+    movers = iter(i for i in keep if i >= n)
+    return [i if i in stay else next(movers) for i in range(n)]
+
+
+def left_pad_cat(masks: list):
+    """Stack attention masks [B_i, L_i] → [Σ B_i, max L_i], left-padded with zeros (masked out)."""
     import torch
     import torch.nn.functional as F
 
-    if len(caches) == 1:
-        return caches[0], masks[0]
     width = max(m.shape[1] for m in masks)
+    return torch.cat([F.pad(m, [width - m.shape[1], 0]) for m in masks])
 
-    def left_pad(t, axis_from_end: int):
-        missing = width - t.shape[-axis_from_end]
-        if not missing:
-            return t
-        pad = [0, 0] * (axis_from_end - 1) + [missing, 0]
-        return F.pad(t, pad)
 
-    for layers in zip(*(c.layers for c in caches), strict=True):
-        layers[0].keys = torch.cat([left_pad(layer.keys, 2) for layer in layers])
-        layers[0].values = torch.cat([left_pad(layer.values, 2) for layer in layers])
-    return caches[0], torch.cat([left_pad(m, 1) for m in masks])
+class SlackLayer(DynamicLayer):
+    """A full-attention cache layer whose ``keys``/``values`` [B, H, L, D] are views of buffers [R, H, C, D]
+    (R ≥ B rows, C ≥ L columns): a decode step writes its token's keys and values into the next free column, where
+    :class:`DynamicLayer` concatenates, i.e. copies the whole cache every step (O(B·L) per step, O(B·L²) per
+    request). The live window is rows [0, B) and columns [start, end); when a step or a merge needs more than the
+    buffers hold, :meth:`reserve` moves the window into new buffers with room to spare (a quarter of the width in
+    columns, twice the rows up to ``max_rows``), so the copies are amortised over many steps."""
+
+    def __init__(self, keys, values, max_rows: int):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self.max_rows, self.rows, self.start, self.end = max(max_rows, keys.shape[0]), 0, 0, 0
+        self.key_buf = keys.new_zeros((0, keys.shape[1], 0, keys.shape[3]))
+        self.value_buf = values.new_zeros((0, values.shape[1], 0, values.shape[3]))
+        self._view()
+
+    def _view(self) -> None:
+        self.keys = self.key_buf[:self.rows, :, self.start:self.end]
+        self.values = self.value_buf[:self.rows, :, self.start:self.end]
+
+    def reserve(self, rows: int, width: int, extra: int = 1) -> None:
+        """Make room for ``rows`` rows, a window of ``width`` columns ending at ``end`` (a merge widens it to the
+        left) and ``extra`` free columns after it (a step appends there), moving the live window into new zeroed
+        buffers if the present ones are too small."""
+        r, _, c, _ = self.key_buf.shape
+        if rows <= r and width <= self.end and self.end + extra <= c:
+            return
+        rows_cap = max(rows, min(self.max_rows, 2 * rows))
+        cols = width + max(extra, 16, width // 4)
+        live = self.end - self.start
+        for name in ("key_buf", "value_buf"):
+            old = getattr(self, name)
+            new = old.new_zeros((rows_cap, old.shape[1], cols, old.shape[3]))
+            new[:self.rows, :, width - live:width] = old[:self.rows, :, self.start:self.end]
+            setattr(self, name, new)
+        self.start, self.end = width - live, width
+        self._view()
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Append n positions ([B, H, n, D]) in place; returns the whole window."""
+        n = key_states.shape[-2]
+        self.reserve(self.rows, self.end - self.start, n)
+        self.key_buf[:self.rows, :, self.end:self.end + n] = key_states
+        self.value_buf[:self.rows, :, self.end:self.end + n] = value_states
+        self.end += n
+        self._view()
+        return self.keys, self.values
+
+    def join(self, layers: list, width: int) -> None:
+        """Add the rows of prefilled ``layers`` (keys [b_i, H, L_i, D]) below the live ones, the window widened to
+        ``width`` columns; every row is right-aligned at ``end`` and the columns left of its own are zeroed (masked
+        out, and finite, so that a zero attention weight times a stale value stays zero)."""
+        rows = self.rows + sum(layer.keys.shape[0] for layer in layers)
+        self.reserve(rows, width)
+        start = self.end - width
+        for buf in (self.key_buf, self.value_buf):
+            buf[:self.rows, :, start:self.start] = 0
+        self.start = start
+        for layer in layers:
+            b, length = layer.keys.shape[0], layer.keys.shape[2]
+            for buf, new in ((self.key_buf, layer.keys), (self.value_buf, layer.values)):
+                buf[self.rows:self.rows + b, :, start:self.end - length] = 0
+                buf[self.rows:self.rows + b, :, self.end - length:self.end] = new
+            self.rows += b
+        self._view()
+
+    def keep_rows(self, moved: list[tuple[int, int]], rows: int, first: int) -> None:
+        """After an eviction: copy row ``old`` into row ``new`` for each (new, old) in ``moved``, keep ``rows`` rows,
+        and drop the window's first ``first`` columns (padding for every remaining row)."""
+        if moved:
+            import torch
+
+            new, old = (torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*moved, strict=True))
+            for buf in (self.key_buf, self.value_buf):
+                buf[new, :, self.start:self.end] = buf[old, :, self.start:self.end]
+        self.rows, self.start = rows, self.start + first
+        self._view()
+
+
+def slack_cache(prefill_cache, max_rows: int):
+    """An empty cache of :class:`SlackLayer` s shaped like ``prefill_cache``'s layers."""
+    from transformers.cache_utils import Cache
+
+    return Cache(layers=[SlackLayer(layer.keys, layer.values, max_rows) for layer in prefill_cache.layers])
+
+
+def join_rows(cache, prefill_caches: list, width: int) -> None:
+    """Append the rows of ``prefill_caches`` to ``cache`` (:meth:`SlackLayer.join`), layer by layer."""
+    for i, layer in enumerate(cache.layers):
+        layer.join([c.layers[i] for c in prefill_caches], width)

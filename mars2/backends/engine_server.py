@@ -61,7 +61,8 @@ class TransformersEngine:
         """The batcher's counters and the CPU seconds this engine process has used (``cpu_s``: all its threads)."""
         b = self.backend.batcher
         return {"steps": b.steps, "rows_stepped": b.rows_stepped, "waiting_stepped": b.waiting_stepped,
-                "prefills": b.prefills, "cpu_s": time.process_time()}
+                "prefills": b.prefills, "prefill_tokens": b.prefill_tokens, "prefill_s": b.prefill_s,
+                "decode_s": b.decode_s, "cpu_s": time.process_time()}
 
     def shutdown(self) -> None:
         self.backend.batcher.close()

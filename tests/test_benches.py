@@ -1,0 +1,32 @@
+"""The rollout-path benches run at tiny shapes on CPU and print what their docstrings promise."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_bench(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_kv_cache_bench_gives_the_same_logits_with_both_caches():
+    stdout = run_bench("bench/kv_cache.py", "--rows", "3", "--widths", "8,40", "--steps", "20", "--hidden", "64",
+                       "--repeats", "1")
+    rows = re.findall(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", stdout, re.M)
+    assert [int(r[0]) for r in rows] == [8, 40]
+    assert all(float(r[4]) < 1e-4 for r in rows)  # the in-place cache decodes exactly what concatenation does
+
+
+def test_rollout_bench_prints_both_throughputs_the_engine_split_and_engine_starts():
+    stdout = run_bench("bench/rollout.py", "--problems", "4", "--max-nodes", "2", "--max-new-tokens", "8",
+                       "--repeats", "1")
+    assert re.search(r"ratio search/raw = \d+\.\d\d", stdout)
+    assert len(re.findall(r"engine CPU per run: prefills +\d+\.\d\d core-s", stdout)) == 2
+    assert "engine starts: 2" in stdout
