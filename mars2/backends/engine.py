@@ -306,14 +306,14 @@ class EngineClient:
 
     def submit(self, prompt: str, params: SamplingParams, seed: int) -> Future:
         """One request → ``Future[Generation]``: the first of ``generate([prompt], params, [seed])``'s samples."""
-        return self._send("sample", self.spec.version, prompt, asdict(params), request_seed(seed, 0))
+        return self._send("sample", self.spec.version, prompt, vars(params), request_seed(seed, 0))
 
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
         """Generations of the engine's current version (``self.version``) for each prompt: sample j of prompt i is
         the request seeded ``request_seed(seeds[i], j)``, as in-process."""
         seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
-        futures = [[self._send("sample", self.spec.version, p, asdict(params), request_seed(s, j))
+        futures = [[self._send("sample", self.spec.version, p, vars(params), request_seed(s, j))
                     for j in range(params.n)] for p, s in zip(prompts, seeds, strict=True)]
         return [[f.result() for f in row] for row in futures]
 

@@ -314,27 +314,39 @@ def grade_many_detailed(
         bar = tqdm(total=len(jobs), desc="grading", unit="prog")
     report = progress if callable(progress) else None
     graded = 0
-    threads = min(pool.workers, max(1, len(jobs)))
-    executor_threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mars2-grade")
+
+    def finished(i: int, result: Graded) -> None:
+        nonlocal graded
+        results[i] = result
+        graded += 1
+        if bar is not None:
+            bar.update(1)
+        if report is not None:
+            report(graded, len(jobs))
+
+    def grade_job(job: GradeJob) -> Graded:
+        return grade_detailed(job.code, job.tests, func_name=job.func_name, stop_at_first_failure=stop_at_first_failure,
+                              parity=parity, pool=pool, limits=limits, isolate_tests=isolate_tests)
+
+    programs = []
+    for i, job in enumerate(jobs):  # a response with no program is NO_CODE at once: no thread, no sandbox
+        if job.code is None or not job.code.strip():
+            finished(i, grade_job(job))
+        else:
+            programs.append(i)
+    executor_threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
+                                          thread_name_prefix="mars2-grade") if programs else None
     try:
-        futures = {
-            executor_threads.submit(grade_detailed, job.code, job.tests, func_name=job.func_name,
-                                    stop_at_first_failure=stop_at_first_failure, parity=parity, pool=pool,
-                                    limits=limits, isolate_tests=isolate_tests): i
-            for i, job in enumerate(jobs)
-        }
+        futures = {executor_threads.submit(grade_job, jobs[i]): i for i in programs}
         for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            graded += 1
-            if bar is not None:
-                bar.update(1)
-            if report is not None:
-                report(graded, len(jobs))
+            finished(futures[future], future.result())
     except BaseException:
-        executor_threads.shutdown(wait=True, cancel_futures=True)
+        if executor_threads is not None:
+            executor_threads.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
-        executor_threads.shutdown(wait=True)
+        if executor_threads is not None:
+            executor_threads.shutdown(wait=True)
         if bar is not None:
             bar.close()
     return [r for r in results if r is not None]
