@@ -242,3 +242,18 @@ def test_the_plan_is_the_update_the_engine_builds(no_models):
                     "train.logprob_chunk_tokens=4096").agents[0].update.activation_bytes
     assert 0 < chunked - u.activation_bytes <= 1.25 * 3 * 1024 * 151_936 * 20 + 1
     assert not _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80").fits  # TP 1: 61 GB of weights per GPU
+
+
+def test_transformers_on_a_gpu_is_sized_with_the_engines_spare_kv_columns(no_models):
+    """The transformers engine's KV buffers keep a quarter of their width spare (SlackLayer): the planner counts
+    them, so a batch it passes fits the buffers the engine allocates."""
+    from mars2.backends.base import cache_columns
+
+    cp = _plan("agents=single_8b", "agents.members.0.backend=transformers")
+    roll = cp.agents[0].rollout
+    assert roll.backend == "transformers" and roll.kv is not None
+    kv, per_token = roll.kv, kv_bytes_per_token(36, 8, 128, 2)  # Qwen3-8B, bf16
+    assert kv.bytes_per_token_gpu == per_token == 147_456
+    assert cache_columns(kv.seq_len) == kv.seq_len + kv.seq_len // 4 and cache_columns(40) == 56
+    assert kv.needed_bytes_per_gpu == kv.needed_seqs * cache_columns(kv.seq_len) * per_token
+    assert kv.max_seqs == kv.tokens // cache_columns(kv.seq_len) < kv.tokens // kv.seq_len

@@ -87,3 +87,10 @@ def generation_config_eos(model_dir: str):
             if value is not None:
                 return value
     return None
+
+
+def cache_columns(width: int, extra: int = 1) -> int:
+    """Columns the transformers engine's KV buffers get when a window of ``width`` columns needs ``extra`` more
+    (``SlackLayer.reserve``): a quarter of the width spare, at least 16, so the buffers move once every many steps.
+    The rollout planner sizes that engine's KV cache with it."""
+    return width + max(extra, 16, width // 4)

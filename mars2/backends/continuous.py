@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 from transformers.cache_utils import DynamicLayer
 
+from mars2.backends.base import cache_columns
+
 
 IDLE_EXIT_S = 1.0
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -392,7 +394,7 @@ class SlackLayer(DynamicLayer):
         if rows <= r and width <= self.end and self.end + extra <= c:
             return
         rows_cap = max(rows, min(self.max_rows, 2 * rows))
-        cols = width + max(extra, 16, width // 4)
+        cols = cache_columns(width, extra)
         live = self.end - self.start
         for name in ("key_buf", "value_buf"):
             old = getattr(self, name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mars2.backends.base import cache_columns
 from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig, TrainConfig
 from mars2.plan.memory import (
     GB,
@@ -222,9 +223,10 @@ def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: i
         per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype_bytes)
         budget = gpu_bytes - weights - int(p.reserved_gb * GB)
         tokens = max(0, budget) // per_token
+        columns = cache_columns(seq_len)  # the engine's buffers keep spare columns (SlackLayer)
         kv = KVBudget(per_gpu_bytes=budget, bytes_per_token_gpu=per_token, tokens=tokens, seq_len=seq_len,
-                      max_seqs=tokens // seq_len, needed_seqs=cfg.search.batch_size,
-                      needed_bytes_per_gpu=cfg.search.batch_size * seq_len * per_token)
+                      max_seqs=tokens // columns, needed_seqs=cfg.search.batch_size,
+                      needed_bytes_per_gpu=cfg.search.batch_size * columns * per_token)
         return RolloutPlan("transformers", 1, weights, kv, None)
     return RolloutPlan("transformers", 1, weights, None, None)
 
