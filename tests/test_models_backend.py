@@ -229,8 +229,8 @@ def test_slack_layer_holds_what_concatenation_would_through_steps_merges_and_evi
             order = fill_holes(keep)
             rows = [rows[i] for i in order]
             width = max(k.shape[1] for k, _ in rows)
-            slack.keep_rows([(n, o) for n, o in enumerate(order) if n != o], len(order),
-                            slack.end - slack.start - width)
+            moved = torch.tensor([(n, o) for n, o in enumerate(order) if n != o], dtype=torch.long).reshape(-1, 2).T
+            slack.keep_rows(moved, len(order), slack.end - slack.start - width)
         moves += slack.key_buf is not buffers
         widened_in_place += step % 7 == 3 and slack.key_buf is buffers and slack.start < start_before
         buffers = slack.key_buf

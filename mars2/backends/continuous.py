@@ -313,6 +313,8 @@ class ContinuousBatcher:
         mask = self._mask[index]
         first = int(mask.any(dim=0).nonzero()[0])  # columns before it are padding for every remaining row
         moved = [(new, old) for new, old in enumerate(order) if new != old]
+        if moved:  # one host-to-device copy per eviction, not one per layer
+            moved = torch.tensor(moved, dtype=torch.long, device=self._mask.device).T
         for layer in self._cache.layers:
             layer.keep_rows(moved, len(order), first)
         self._mask, self._last, self._pos = mask[:, first:], self._last[index], self._pos[index]
@@ -432,13 +434,12 @@ class SlackLayer(DynamicLayer):
             self.rows += b
         self._view()
 
-    def keep_rows(self, moved: list[tuple[int, int]], rows: int, first: int) -> None:
-        """After an eviction: copy row ``old`` into row ``new`` for each (new, old) in ``moved``, keep ``rows`` rows,
-        and drop the window's first ``first`` columns (padding for every remaining row)."""
-        if moved:
-            import torch
-
-            new, old = (torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*moved, strict=True))
+    def keep_rows(self, moved, rows: int, first: int) -> None:
+        """After an eviction: copy row ``old`` into row ``new`` for each column (new, old) of ``moved`` (a [2, m]
+        index tensor on the cache's device; empty: no row moves), keep ``rows`` rows, and drop the window's first
+        ``first`` columns (padding for every remaining row)."""
+        if len(moved):
+            new, old = moved
             for buf in (self.key_buf, self.value_buf):
                 buf[new, :, self.start:self.end] = buf[old, :, self.start:self.end]
         self.rows, self.start = rows, self.start + first
