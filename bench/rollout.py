@@ -19,7 +19,9 @@ be as busy in the search as in the raw run; fewer trees leave rows empty whateve
 
 With engine processes it also prints the CPU seconds the engines and this process used per search and per raw
 run: on a machine whose cores the engines fill, the search's own work (AB-MCTS, prompts, grading calls, IPC) and any
-extra engine work per token come straight off the ratio.
+extra engine work per token come straight off the ratio. Each engine's decode thread also reports its CPU seconds in
+prefills and in decode steps: with one torch thread per engine (the default on 2 cores) that is all of its compute;
+torch's worker threads, used with more, are not in it, and on a GPU it is the host's share only.
 """
 
 from __future__ import annotations
@@ -205,7 +207,7 @@ def main() -> None:
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
               f"(requests at the engine {(rows_stepped + waiting_stepped) / max(steps, 1):6.1f}), "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills); "
-              f"engine CPU per run: prefills {prefill_s / args.repeats:5.2f} core-s "
+              f"decode thread's CPU per run: prefills {prefill_s / args.repeats:5.2f} core-s "
               f"({prefill_tokens / args.repeats / max(prefills / args.repeats, 1):.0f} tokens each, padding included), "
               f"decode steps {decode_s / args.repeats:5.2f} core-s ({decode_s / max(steps, 1) * 1e3:.2f} ms each)")
     if args.engine == "process":  # where the cores went: the engines' work per token, and the search's own

@@ -28,5 +28,5 @@ def test_rollout_bench_prints_both_throughputs_the_engine_split_and_engine_start
     stdout = run_bench("bench/rollout.py", "--problems", "4", "--max-nodes", "2", "--max-new-tokens", "8",
                        "--repeats", "1")
     assert re.search(r"ratio search/raw = \d+\.\d\d", stdout)
-    assert len(re.findall(r"engine CPU per run: prefills +\d+\.\d\d core-s", stdout)) == 2
+    assert len(re.findall(r"decode thread's CPU per run: prefills +\d+\.\d\d core-s", stdout)) == 2
     assert "engine starts: 2" in stdout

@@ -295,3 +295,8 @@ def test_a_merge_that_widens_the_window_in_place_exposes_zeros_not_an_evicted_ro
     assert slack.key_buf is buffers  # widened in place
     assert torch.equal(slack.keys[2, :, :6], torch.zeros(1, 6, 2)) and torch.equal(slack.keys[3], z.keys[0])
     assert torch.equal(slack.values[:3, :, :6], torch.zeros(3, 1, 6, 2))
+    # what generate()'s beam search or assisted decoding would call is refused, not silently undone by the next step
+    assert not slack.is_croppable
+    for call in (lambda: slack.crop(-1), lambda: slack.batch_select_indices(torch.tensor([0])), slack.reset):
+        with pytest.raises(NotImplementedError, match="continuous batcher's cache"):
+            call()

@@ -488,6 +488,10 @@ def test_grade_many_preserves_order_across_verdicts():
                                    progress=lambda done, total: told.append((done, total)))
     assert [len(g.tests) for g in detailed] == [1, 3, 3]
     assert told == [(1, 3), (2, 3), (3, 3)]  # a caller's display is told after each program
+    told.clear()  # responses with no program are answered at once, and counted like the rest
+    mixed = grade_many_detailed(jobs[3:6], workers=2, time_limit_s=0.5, progress=lambda d, t: told.append((d, t)))
+    assert [g.verdict.status for g in mixed] == ["RE", "NO_CODE", "CE"] and told == [(1, 3), (2, 3), (3, 3)]
+    assert [v.status for v in grade_many([GradeJob("  ", (stdin_case("1"),)), GradeJob(None, ())])] == ["NO_CODE", "NO_TESTS"]
 
 
 def test_verdict_dict_round_trip():

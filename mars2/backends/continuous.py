@@ -101,7 +101,9 @@ class ContinuousBatcher:
         self.waiting_stepped = 0  # Σ over steps of the requests waiting: (rows + waiting) / steps = mean demand
         self.prefills = 0  # prefill forward passes (an admission runs one per group of similar prompt lengths)
         self.prefill_tokens = 0  # Σ prompt tokens prefilled, padding included
-        self.prefill_s = self.decode_s = 0.0  # the decode thread's CPU seconds in admissions and in decode steps
+        # the decode thread's CPU seconds in admissions and in decode steps (torch's intra-op worker threads, used
+        # with more than one torch thread, are not counted; on a GPU this is the host's share only)
+        self.prefill_s = self.decode_s = 0.0
 
     def submit(self, prompt_ids: list[int], *, temperature: float, top_p: float, max_new_tokens: int,
                seed: int) -> Future:
@@ -395,7 +397,7 @@ class SlackLayer(DynamicLayer):
         r, _, c, _ = self.key_buf.shape
         if rows <= r and width <= self.end and self.end + extra <= c:
             return
-        rows_cap = max(rows, min(self.max_rows, 2 * rows))
+        rows_cap = max(rows, min(self.max_rows, 2 * rows), r)
         cols = cache_columns(width, extra)
         live = self.end - self.start
         for name in ("key_buf", "value_buf"):
@@ -438,12 +440,19 @@ class SlackLayer(DynamicLayer):
         """After an eviction: copy row ``old`` into row ``new`` for each column (new, old) of ``moved`` (a [2, m]
         index tensor on the cache's device; empty: no row moves), keep ``rows`` rows, and drop the window's first
         ``first`` columns (padding for every remaining row)."""
+        self.rows, self.start = rows, self.start + first
         if len(moved):
             new, old = moved
             for buf in (self.key_buf, self.value_buf):
                 buf[new, :, self.start:self.end] = buf[old, :, self.start:self.end]
-        self.rows, self.start = rows, self.start + first
         self._view()
+
+    def _refuse(self, *args, **kwargs):
+        raise NotImplementedError("SlackLayer is the continuous batcher's cache: rows and columns change only through "
+                                  "update, join, keep_rows and reserve")
+
+    is_croppable = False
+    crop = batch_select_indices = batch_repeat_interleave = reorder_cache = reset = _refuse
 
 
 def slack_cache(prefill_cache, max_rows: int):

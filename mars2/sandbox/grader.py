@@ -328,15 +328,12 @@ def grade_many_detailed(
         return grade_detailed(job.code, job.tests, func_name=job.func_name, stop_at_first_failure=stop_at_first_failure,
                               parity=parity, pool=pool, limits=limits, isolate_tests=isolate_tests)
 
-    programs = []
-    for i, job in enumerate(jobs):  # a response with no program is NO_CODE at once: no thread, no sandbox
-        if job.code is None or not job.code.strip():
-            finished(i, grade_job(job))
-        else:
-            programs.append(i)
+    programs = [i for i, job in enumerate(jobs) if job.code is not None and job.code.strip()]
     executor_threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
                                           thread_name_prefix="mars2-grade") if programs else None
     try:
+        for i in sorted(set(range(len(jobs))) - set(programs)):  # no program: NO_CODE at once, no thread or sandbox
+            finished(i, grade_job(jobs[i]))
         futures = {executor_threads.submit(grade_job, jobs[i]): i for i in programs}
         for future in as_completed(futures):
             finished(futures[future], future.result())
