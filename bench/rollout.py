@@ -14,8 +14,10 @@ schedule (the engines without ``submit``: one generate call per agent per wave, 
 the asynchronous search to it.
 
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
-as (trees asking it) allow: with two agents, ``--problems`` should be about 2 × ``--batch-size`` for the engines to
-be as busy in the search as in the raw run; fewer trees leave rows empty whatever the scheduler does.
+as (trees asking it) allow: with two agents, ``--problems`` = 2 × ``--batch-size`` (the defaults) gives each engine
+about as many trees as rows, and since a tree being graded or prompted has none in flight, rows stay empty whatever
+the scheduler does (on 2 CPU cores: about 50 rows per step against the raw run's 57, docs/engines.md); at
+8 × ``--batch-size`` (``--problems 512``) the search kept the engines as full as the raw run.
 
 With engine processes it also prints the CPU seconds the engines and this process used per search and per raw
 run: on a machine whose cores the engines fill, the search's own work (AB-MCTS, prompts, grading calls, IPC) and any
