@@ -5,8 +5,8 @@
                             [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N]
 
 Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
-e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously batched engine: a persistent engine
-process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
+e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously
+batched engine: a persistent engine process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
 tree per problem, grading every node on public tests in the sandbox; (b) the same engines get every request the
 search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
 generated tokens/s of both, their ratio (search / raw), and engine starts; (c) the same search with the wave

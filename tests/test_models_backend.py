@@ -229,7 +229,8 @@ def test_slack_layer_holds_what_concatenation_would_through_steps_merges_and_evi
             order = fill_holes(keep)
             rows = [rows[i] for i in order]
             width = max(k.shape[1] for k, _ in rows)
-            moved = torch.tensor([(n, o) for n, o in enumerate(order) if n != o], dtype=torch.long).reshape(-1, 2).T
+            pairs = [(n, o) for n, o in enumerate(order) if n != o]
+            moved = torch.tensor(pairs, dtype=torch.long).T if pairs else None
             slack.keep_rows(moved, len(order), slack.end - slack.start - width)
         moves += slack.key_buf is not buffers
         widened_in_place += step % 7 == 3 and slack.key_buf is buffers and slack.start < start_before
@@ -287,7 +288,7 @@ def test_a_merge_that_widens_the_window_in_place_exposes_zeros_not_an_evicted_ro
     ab, y, c, z = prefilled(2, 4, 1.0), prefilled(1, 10, 7.0), prefilled(1, 4, 3.0), prefilled(1, 10, 5.0)
     slack = SlackLayer(ab.keys, ab.values, max_rows=8)
     slack.join([ab, y], 10)
-    slack.keep_rows([], 2, 6)  # Y (the last row) finished: 6 columns of padding for A and B leave the window
+    slack.keep_rows(None, 2, 6)  # Y (the last row) finished: 6 columns of padding for A and B leave the window
     slack.join([c], 4)
     assert slack.keys.shape[2] == 4 and torch.equal(slack.keys[2], c.keys[0])
     buffers = slack.key_buf

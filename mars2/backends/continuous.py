@@ -314,9 +314,9 @@ class ContinuousBatcher:
         index = torch.tensor(order, dtype=torch.long, device=self._mask.device)
         mask = self._mask[index]
         first = int(mask.any(dim=0).nonzero()[0])  # columns before it are padding for every remaining row
-        moved = [(new, old) for new, old in enumerate(order) if new != old]
-        if moved:  # one host-to-device copy per eviction, not one per layer
-            moved = torch.tensor(moved, dtype=torch.long, device=self._mask.device).T
+        pairs = [(new, old) for new, old in enumerate(order) if new != old]
+        # one host-to-device copy per eviction, not one per layer
+        moved = torch.tensor(pairs, dtype=torch.long, device=self._mask.device).T if pairs else None
         for layer in self._cache.layers:
             layer.keep_rows(moved, len(order), first)
         self._mask, self._last, self._pos = mask[:, first:], self._last[index], self._pos[index]
@@ -331,7 +331,8 @@ def last_logits_only(model) -> dict:
 
 
 def check_cache_layers(cache) -> None:
-    """The merge and the eviction pad and slice ``keys``/``values`` [B, H, L, D]: full-attention dynamic layers only."""
+    """A merge copies prefill caches' ``keys``/``values`` [B, H, L, D] into one window of columns shared by every row:
+    full-attention dynamic layers only."""
     for layer in getattr(cache, "layers", [None]):
         if type(layer) is not DynamicLayer:
             raise NotImplementedError(f"continuous batching needs full-attention DynamicLayer caches, this model's "
@@ -438,10 +439,10 @@ class SlackLayer(DynamicLayer):
 
     def keep_rows(self, moved, rows: int, first: int) -> None:
         """After an eviction: copy row ``old`` into row ``new`` for each column (new, old) of ``moved`` (a [2, m]
-        index tensor on the cache's device; empty: no row moves), keep ``rows`` rows, and drop the window's first
+        index tensor on the cache's device; None: no row moves), keep ``rows`` rows, and drop the window's first
         ``first`` columns (padding for every remaining row)."""
         self.rows, self.start = rows, self.start + first
-        if len(moved):
+        if moved is not None:
             new, old = moved
             for buf in (self.key_buf, self.value_buf):
                 buf[new, :, self.start:self.end] = buf[old, :, self.start:self.end]

@@ -190,7 +190,7 @@ def grade_detailed(
         raise ValueError(f"parity={parity!r} is unknown; use one of {PARITIES}")
     if total == 0:
         return Graded(Verdict(NO_TESTS, 0, 0, time.monotonic() - start, "no tests to run"))
-    if code is None or not code.strip():
+    if not has_program(code):
         return Graded(Verdict(NO_CODE, 0, total, time.monotonic() - start, "no program"))
     prepared = [_prepare(test, func_name, i, parity) for i, test in enumerate(tests, start=1)]
     modes = {p.mode for p in prepared}
@@ -281,6 +281,11 @@ def grade_program(
                           isolate_tests=isolate_tests).verdict
 
 
+def has_program(code: str | None) -> bool:
+    """A response with no program (none extracted, or only whitespace) is NO_CODE without running anything."""
+    return code is not None and bool(code.strip())
+
+
 def grade_many_detailed(
     jobs: Sequence[GradeJob],
     *,
@@ -328,12 +333,13 @@ def grade_many_detailed(
         return grade_detailed(job.code, job.tests, func_name=job.func_name, stop_at_first_failure=stop_at_first_failure,
                               parity=parity, pool=pool, limits=limits, isolate_tests=isolate_tests)
 
-    programs = [i for i, job in enumerate(jobs) if job.code is not None and job.code.strip()]
+    programs = [i for i, job in enumerate(jobs) if has_program(job.code)]
     executor_threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
                                           thread_name_prefix="mars2-grade") if programs else None
     try:
-        for i in sorted(set(range(len(jobs))) - set(programs)):  # no program: NO_CODE at once, no thread or sandbox
-            finished(i, grade_job(jobs[i]))
+        for i, job in enumerate(jobs):  # no program: NO_CODE (or NO_TESTS) at once, no thread or sandbox
+            if not has_program(job.code):
+                finished(i, grade_job(job))
         futures = {executor_threads.submit(grade_job, jobs[i]): i for i in programs}
         for future in as_completed(futures):
             finished(futures[future], future.result())
