@@ -95,6 +95,28 @@ def test_requests_stream_in_and_a_load_waits_for_the_ones_already_sent(tiny_mode
         engine.close()
 
 
+def test_a_generate_call_reaches_the_engine_shortest_prompt_first_and_answers_in_the_callers_order(tiny_model_dir):
+    """The engine admits in arrival order, so the client sends a call's requests by prompt length (rows admitted
+    together pad less); the answers still come back per prompt, in the caller's order, as in-process."""
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts = [_prompts(tok)[i] for i in (2, 1, 0, 1)]
+    seeds = [request_seed(3, "s", i) for i in range(len(prompts))]
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    sent, send = [], engine._send
+    engine._send = lambda kind, *rest: (kind == "sample" and sent.append(rest[1])) or send(kind, *rest)
+    try:
+        out = engine.generate(prompts, PARAMS, seeds)
+        assert [len(p) for p in sent] == sorted(len(p) for p in prompts for _ in range(PARAMS.n))
+        assert [len(p) for p in sent] != [len(p) for p in prompts for _ in range(PARAMS.n)]
+        assert _texts(out) == _texts(_in_process(tiny_model_dir, tiny_model_dir, prompts, seeds))
+        sent.clear()
+        with pytest.raises(ValueError, match="3 seeds for 4 prompts"):
+            engine.generate(prompts, PARAMS, seeds[:3])
+        assert not sent
+    finally:
+        engine.close()
+
+
 def test_a_crashed_engine_restarts_once_with_the_latest_weights_then_fails_clearly(tiny_model_dir, second_weights):
     _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
     prompts = _prompts(tok)[:1]

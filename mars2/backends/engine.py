@@ -311,11 +311,16 @@ class EngineClient:
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
         """Generations of the engine's current version (``self.version``) for each prompt: sample j of prompt i is
-        the request seeded ``request_seed(seeds[i], j)``, as in-process."""
+        the request seeded ``request_seed(seeds[i], j)``, as in-process. Sent shortest prompt first, as in-process:
+        the engine admits in arrival order, and rows admitted together then pad less (``bench/rollout.py``'s raw run
+        measured 6% more tokens/s sorted than in the search's order)."""
         seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
-        futures = [[self._send("sample", self.spec.version, p, vars(params), request_seed(s, j))
-                    for j in range(params.n)] for p, s in zip(prompts, seeds, strict=True)]
-        return [[f.result() for f in row] for row in futures]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        futures = {(i, j): self._send("sample", self.spec.version, prompts[i], vars(params), request_seed(seeds[i], j))
+                   for i in order for j in range(params.n)}
+        return [[futures[i, j].result() for j in range(params.n)] for i in range(len(prompts))]
 
     def load(self, model_dir: str, version: str) -> None:
         """Load ``model_dir``'s weights into the running engine, in place, as ``version``, once every request sent
