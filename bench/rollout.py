@@ -162,17 +162,18 @@ def main() -> None:
 
     def counters():
         """Σ over engines of (decode steps, rows stepped, requests waiting at a step, prefills, prefilled tokens,
-        decode thread CPU seconds in prefills and in decode steps, engine process CPU seconds), and this process's CPU
-        seconds (the search's host work: AB-MCTS, prompts, grading calls, IPC)."""
+        cache columns and context tokens read by decode steps, decode thread CPU seconds in prefills and in decode
+        steps, engine process CPU seconds), and this process's CPU seconds (the search's host work: AB-MCTS, prompts,
+        grading calls, IPC)."""
         out = []
         for runner in agents.values():
             b = runner.backend
             c = b.health() if hasattr(b, "health") else vars(b.batcher)
             out.append((c["steps"], c["rows_stepped"], c["waiting_stepped"], c["prefills"], c["prefill_tokens"],
-                        c["prefill_s"], c["decode_s"], c.get("cpu_s", 0.0)))
+                        c["columns_stepped"], c["context_stepped"], c["prefill_s"], c["decode_s"], c.get("cpu_s", 0.0)))
         return [*(sum(x) for x in zip(*out, strict=True)), time.process_time()]
 
-    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 9, "raw": [0] * 9}
+    search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 11, "raw": [0] * 11}
     try:
         for _ in range(args.repeats):  # interleaved, so background load hits both sides alike
             c0 = counters()
@@ -204,14 +205,15 @@ def main() -> None:
     print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tps:8.1f} tok/s (one generate call per "
           f"agent per wave, the same engines)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}   ratio search/wave search = {search_tps / wave_tps:.2f}")
-    for side, (steps, rows_stepped, waiting_stepped, prefills, prefill_tokens, prefill_s, decode_s, _, _) \
-            in batching.items():
+    for side, (steps, rows_stepped, waiting_stepped, prefills, prefill_tokens, columns, context, prefill_s, decode_s,
+               _, _) in batching.items():
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
               f"(requests at the engine {(rows_stepped + waiting_stepped) / max(steps, 1):6.1f}), "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills); "
               f"decode thread's CPU per run: prefills {prefill_s / args.repeats:5.2f} core-s "
               f"({prefill_tokens / args.repeats / max(prefills / args.repeats, 1):.0f} tokens each, padding included), "
-              f"decode steps {decode_s / args.repeats:5.2f} core-s ({decode_s / max(steps, 1) * 1e3:.2f} ms each)")
+              f"decode steps {decode_s / args.repeats:5.2f} core-s ({decode_s / max(steps, 1) * 1e3:.2f} ms each, "
+              f"{1 - context / max(columns, 1):.0%} of the cache columns they read padding)")
     if args.engine == "process":  # where the cores went: the engines' work per token, and the search's own
         (*_, engines_search, host_search), (*_, engines_raw, host_raw) = batching["search"], batching["raw"]
         print(f"CPU per run: engines {engines_search / args.repeats:5.2f} core-s in the search, "

@@ -56,6 +56,7 @@ def test_one_engine_serves_every_version_in_place_and_never_answers_with_an_olde
         first = engine.generate(prompts, PARAMS, seeds)
         busy = engine.health()  # the engine process reports its own CPU time and decode counters
         assert busy["cpu_s"] > idle["cpu_s"] and busy["steps"] > idle["steps"] and busy["prefills"] > idle["prefills"]
+        assert busy["columns_stepped"] >= busy["context_stepped"] > idle["context_stepped"]
         assert _texts(first) == _texts(_in_process(tiny_model_dir, tiny_model_dir, prompts, seeds))
         engine.load(str(second_weights), "v2")
         second = engine.generate(prompts, PARAMS, seeds)

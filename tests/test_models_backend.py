@@ -165,6 +165,15 @@ def test_prompts_of_different_lengths_admitted_together_prefill_in_groups_and_sa
     got = [f.result(timeout=60) for f in futures]
     groups = length_groups(sorted(map(len, [*short, *long])), together.max_padding)
     assert together.prefills == len(groups) >= 2 and together.steps >= 1
+    # decode step s feeds each live row its s-th token (the first was sampled at the merge): the row attends to its
+    # prompt and s tokens, and the window is as wide as the longest row's, so the short rows' reads are padding
+    prompts = [long[0], *short, long[1]]
+    live = [[i for i, g in enumerate(got) if len(g.response_ids) > s] for s in range(1, 13)]
+    assert together.steps == sum(map(bool, live))
+    assert together.context_stepped == sum(len(prompts[i]) + s for s, rows in enumerate(live, 1) for i in rows)
+    assert together.columns_stepped == sum(len(rows) * max(len(prompts[i]) + s for i in rows)
+                                           for s, rows in enumerate(live, 1) if rows)
+    assert together.columns_stepped > together.context_stepped
     for i, ids in enumerate([long[0], *short, long[1]]):
         alone = batcher().submit(ids, seed=100 + i, **kw).result(timeout=60)
         assert alone.response_ids == got[i].response_ids

@@ -99,6 +99,9 @@ class ContinuousBatcher:
         self.steps = 0  # decode steps run (a batched forward pass of the running rows each)
         self.rows_stepped = 0  # Σ over steps of the rows in the batch: rows_stepped / steps = mean batch size
         self.waiting_stepped = 0  # Σ over steps of the requests waiting: (rows + waiting) / steps = mean demand
+        # Σ over steps of rows × cache window width (the key/value columns attention reads, padding included) and of
+        # the rows' own tokens (prompt and response so far): 1 − context / columns = the padding share of the reads
+        self.columns_stepped = self.context_stepped = 0
         self.prefills = 0  # prefill forward passes (an admission runs one per group of similar prompt lengths)
         self.prefill_tokens = 0  # Σ prompt tokens prefilled, padding included
         # the decode thread's CPU seconds in admissions and in decode steps (torch's intra-op worker threads, used
@@ -252,6 +255,8 @@ class ContinuousBatcher:
         self.steps += 1
         self.rows_stepped += len(self._rows)
         self.waiting_stepped += len(self._waiting)
+        self.columns_stepped += len(self._rows) * mask.shape[1]
+        self.context_stepped += sum(len(r.prompt_ids) + len(r.tokens) for r in self._rows)
         self._sample_and_evict(self._rows, out.logits[:, -1, :])
 
     def _merge(self, requests, caches: list, masks: list, logits) -> None:

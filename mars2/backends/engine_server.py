@@ -61,6 +61,7 @@ class TransformersEngine:
         """The batcher's counters and the CPU seconds this engine process has used (``cpu_s``: all its threads)."""
         b = self.backend.batcher
         return {"steps": b.steps, "rows_stepped": b.rows_stepped, "waiting_stepped": b.waiting_stepped,
+                "columns_stepped": b.columns_stepped, "context_stepped": b.context_stepped,
                 "prefills": b.prefills, "prefill_tokens": b.prefill_tokens, "prefill_s": b.prefill_s,
                 "decode_s": b.decode_s, "cpu_s": time.process_time()}
 
