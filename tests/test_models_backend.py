@@ -1,5 +1,7 @@
 """Tiny offline models, the transformers backend, and log-prob consistency between rollout and training."""
 
+import threading
+
 import pytest
 import torch
 
@@ -310,3 +312,24 @@ def test_a_merge_that_widens_the_window_in_place_exposes_zeros_not_an_evicted_ro
     for call in (lambda: slack.crop(-1), lambda: slack.batch_select_indices(torch.tensor([0])), slack.reset):
         with pytest.raises(NotImplementedError, match="continuous batcher's cache"):
             call()
+
+
+def test_drained_waits_for_a_request_taken_off_the_queue_but_still_in_its_prefill(tiny_model_dir):
+    """Between leaving the queue and joining the rows, an admitted request is in its prefill: ``drained()`` (what an
+    in-place weight load holds) must wait for it too, or the new weights land in the middle of its response."""
+    import time
+
+    backend, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prefilling = threading.Event()
+
+    def slow_prefill(module, args, kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefilling.set()
+            time.sleep(0.3)
+
+    backend.model.register_forward_pre_hook(slow_prefill, with_kwargs=True)
+    future = backend.submit("print the primes below n", SamplingParams(temperature=1.0, max_new_tokens=20), seed=1)
+    assert prefilling.wait(30)
+    with backend.batcher.drained():
+        assert future.done() and future.result().response_ids
+    backend.batcher.close()

@@ -92,6 +92,7 @@ class ContinuousBatcher:
         self._cv = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request] = []
+        self._admitting = 0  # taken off the queue, not yet rows: neither waiting nor running during their prefill
         self._holds = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -142,7 +143,7 @@ class ContinuousBatcher:
         """Once every request submitted before has finished, hold the model for the block (requests submitted
         meanwhile wait, and run after it)."""
         with self._cv:
-            self._cv.wait_for(lambda: not self._rows and not self._waiting)
+            self._cv.wait_for(lambda: not self._rows and not self._waiting and not self._admitting)
             self._holds += 1
         try:
             with self.model_lock:
@@ -173,6 +174,7 @@ class ContinuousBatcher:
                         r.future.set_exception(RuntimeError("the batcher was closed"))
                     self._waiting.clear()
                     self._rows, self._cache, self._thread = [], None, None
+                    self._cv.notify_all()
                     return
                 if not busy:
                     if not self._waiting:
@@ -183,6 +185,7 @@ class ContinuousBatcher:
                 if self._admission_due():
                     while self._waiting and len(self._rows) + len(admit) < self.max_batch:
                         admit.append(self._waiting.popleft())
+                    self._admitting = len(admit)
             try:
                 with self.model_lock:
                     if admit:
@@ -199,6 +202,10 @@ class ContinuousBatcher:
                         if not r.future.done():
                             r.future.set_exception(e)
                     self._rows, self._cache = [], None
+                    self._cv.notify_all()
+            if admit:
+                with self._cv:
+                    self._admitting = 0
                     self._cv.notify_all()
 
     def _admission_due(self) -> bool:
