@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from mars2.backends import SamplingParams
 from mars2.backends.base import request_seed
@@ -151,6 +152,77 @@ def test_weights_of_another_architecture_are_refused_and_the_engine_keeps_servin
         assert engine.generate(["hi"], PARAMS, [1])[0]
     finally:
         engine.close()
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_any_weight_is_copied(tiny_model_dir, second_weights,
+                                                                               tmp_path):
+    """One tensor of the wrong shape (the last one the loader would copy), or tied embeddings missing altogether:
+    the load is refused and the engine answers its version exactly as before, not with a mix of old and new weights."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(second_weights / "model.safetensors"))
+    last = sorted(tensors)[-1]
+    bad_shape = {**tensors, last: torch.zeros(tensors[last].shape[0] + 1)}
+    no_embeddings = {k: v for k, v in tensors.items() if "embed_tokens" not in k}
+    for name, state in (("bad_shape", bad_shape), ("no_embeddings", no_embeddings)):
+        (tmp_path / name).mkdir()
+        save_file(state, str(tmp_path / name / "model.safetensors"))
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts, seeds = _prompts(tok), [11, 12, 13]
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        before = _texts(engine.generate(prompts, PARAMS, seeds))
+        with pytest.raises(EngineError, match=rf"{last}: \(\d+,\) in .*bad_shape"):
+            engine.load(str(tmp_path / "bad_shape"), "v2")
+        with pytest.raises(EngineError, match="lacks weights of this model: .*embed_tokens"):
+            engine.load(str(tmp_path / "no_embeddings"), "v2")
+        assert engine.version == "v1" and engine.health()["version"] == "v1"
+        assert _texts(engine.generate(prompts, PARAMS, seeds)) == before
+    finally:
+        engine.close()
+
+
+def test_a_load_that_fails_part_way_leaves_an_engine_that_serves_no_version_until_a_load_works(tiny_model_dir,
+                                                                                              second_weights, tmp_path):
+    """The engine process's request handler on a real engine: an unreadable file is refused with the weights
+    untouched; a failure in the middle of the copy leaves weights that are no version, so every request is refused
+    until a load succeeds."""
+    from concurrent.futures import Future
+
+    from mars2.backends.engine_server import EngineState, TransformersEngine, handle
+
+    engine = TransformersEngine(str(tiny_model_dir), str(tiny_model_dir), "cpu", "float32", 4)
+    state = EngineState(engine, str(tiny_model_dir), "v1")
+
+    def ask(*message):
+        answer = Future()
+        handle(state, message, lambda status, value: answer.set_result((status, value)))
+        return answer.result(timeout=60)
+
+    sample = ("sample", "v1", "print x", vars(SamplingParams(max_new_tokens=4)), 5)
+    try:
+        (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
+        status, message = ask("load", str(tmp_path), "v2")
+        assert status == "error" and "cannot be read" in message and state.version == "v1"
+        assert ask(*sample)[0] == "ok"
+
+        real_load = engine.load
+
+        def fails_after_one_tensor(model_dir):
+            with torch.no_grad():
+                next(engine.backend.model.parameters()).add_(1.0)
+            raise RuntimeError("the device went away")
+
+        engine.load = fails_after_one_tensor
+        assert ask("load", str(second_weights), "v2") == ("error", "RuntimeError: the device went away")
+        assert state.version is None
+        status, message = ask(*sample)
+        assert status == "error" and "failed part-way" in message
+        engine.load = real_load
+        assert ask("load", str(second_weights), "v2") == ("ok", "v2")
+        assert ask(*sample[:1], "v2", *sample[2:])[0] == "ok"
+    finally:
+        engine.shutdown()
 
 
 def test_no_engine_outlives_its_client_process(tiny_model_dir):

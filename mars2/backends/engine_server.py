@@ -79,34 +79,46 @@ class EngineState:
     connections: int = 0
 
 
+class CheckpointRefused(ValueError):
+    """A checkpoint that does not fit the model, found before any weight was copied: the model is unchanged."""
+
+
 def load_weights_in_place(model, model_dir: str) -> None:
     """Copy every tensor of ``model_dir``'s safetensors files into ``model``'s parameters and buffers.
 
-    Every parameter must be in the files, but weights tied to another (``lm_head`` ↔ embeddings), and every tensor
-    in the files must be a parameter or buffer of the model, with the same shape: anything else is a different
-    architecture, refused rather than half-loaded."""
+    Everything is checked before anything is copied (:class:`CheckpointRefused` leaves the model as it was): every
+    tensor in the files must be a parameter or buffer of the model, with the same shape; every parameter must be in
+    the files, where weights tied together (``lm_head`` ↔ embeddings) need one of their names. Anything else is a
+    different architecture."""
     import torch
     from safetensors.torch import load_file
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+        raise CheckpointRefused(f"no *.safetensors in {model_dir}")
     state = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:  # a truncated or foreign file
+            raise CheckpointRefused(f"{f} cannot be read: {type(e).__name__}: {e}") from e
     own = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
     unknown = sorted(set(state) - set(own))
     if unknown:
-        raise ValueError(f"{model_dir} holds tensors this model does not have: {unknown[:5]}")
-    tied = {name for name, p in own.items() if any(p is q for other, q in own.items() if other != name)}
-    missing = sorted(set(own) - set(state) - tied - {n for n, _ in model.named_buffers()})
+        raise CheckpointRefused(f"{model_dir} holds tensors this model does not have: {unknown[:5]}")
+    names_of: dict[int, list[str]] = {}  # one entry per parameter tensor, listing every name tied to it
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    missing = sorted(" = ".join(names) for names in names_of.values() if not set(names) & set(state))
     if missing:
-        raise ValueError(f"{model_dir} lacks weights of this model: {missing[:5]}")
+        raise CheckpointRefused(f"{model_dir} lacks weights of this model: {missing[:5]}")
+    wrong = [f"{name}: {tuple(t.shape)} in {model_dir}, {tuple(own[name].shape)} in the model"
+             for name, t in state.items() if t.shape != own[name].shape]
+    if wrong:
+        raise CheckpointRefused("; ".join(wrong[:5]))
     with torch.no_grad():
         for name, tensor in state.items():
             target = own[name]
-            if target.shape != tensor.shape:
-                raise ValueError(f"{name}: {tuple(tensor.shape)} in {model_dir}, {tuple(target.shape)} in the model")
             target.copy_(tensor.to(dtype=target.dtype, device=target.device))
 
 
@@ -119,6 +131,10 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         if kind == "sample":
             _, version, prompt, params, seed = message
             with state.lock:  # the check and the queueing happen before any later load
+                if state.version is None:
+                    reply("error", f"a load into it failed part-way, so its weights are no version; the request "
+                                   f"wants {version!r}: load a version again")
+                    return
                 if version != state.version:
                     reply("error", f"it holds weights version {state.version!r}, the request wants {version!r}")
                     return
@@ -131,7 +147,13 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.engine.drained():
-                state.engine.load(model_dir)  # into host memory while asleep (transformers)
+                try:
+                    state.engine.load(model_dir)  # into host memory while asleep (transformers)
+                except CheckpointRefused:
+                    raise  # nothing was copied: it keeps serving the version it holds
+                except BaseException:
+                    state.version = None  # some weights may be new, some old: it serves nothing until a load works
+                    raise
                 state.model_dir, state.version = model_dir, version
             reply("ok", version)
         elif kind == "sleep":
