@@ -1,6 +1,7 @@
 """The persistent generation engine (mars2/backends/engine.py): a real engine process on tiny models — in-place
 weight reload with versions, crash restart, shutdown."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -251,6 +252,36 @@ def test_no_engine_outlives_its_client_process(tiny_model_dir):
             pytest.fail("the engine outlived the process that started it")
     finally:
         proc.kill()
+
+
+def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir):
+    """SIGINT to the run's whole process group (Ctrl-C in a terminal, a supervisor's group signal): the engine is
+    not in that group, so it is not killed and restarted behind the run's back; the run decides, and its exit stops
+    the engine."""
+    script = textwrap.dedent(f"""
+        import time
+        from mars2.backends import SamplingParams
+        from mars2.backends.engine import EngineClient, EngineSpec
+        e = EngineClient(EngineSpec("qwen_tiny", {str(tiny_model_dir)!r}, {str(tiny_model_dir)!r}, version="v1"))
+        try:
+            print(e.pid, flush=True)  # inside the try: the signal comes once the test has read this
+            time.sleep(600)
+        except KeyboardInterrupt:
+            time.sleep(3)  # time for a killed engine's restart, if the signal had reached it
+            e.generate(["x"], SamplingParams(max_new_tokens=2))
+            print(e.starts, e.pid, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        engine_pid = int(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stdout.readline().split() == ["1", str(engine_pid)]
+        assert proc.wait(60) == 0
+        assert _gone_within(engine_pid, 20), "the engine outlived the run"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

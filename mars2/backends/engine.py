@@ -215,7 +215,10 @@ class EngineClient:
         args = [self.spec.python or sys.executable, "-m", "mars2.backends.engine_server", address, json.dumps(spec)]
         log = open(self._log, "ab")  # noqa: SIM115 - the engine's process owns it
         if self.service_dir is None:  # a child of this process: it dies with it
-            self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            # in a session of its own: a signal to the run's process group (Ctrl-C) reaches the run, which closes
+            # its engines, instead of killing the engine behind its back (the reader would restart it)
+            self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     start_new_session=True)
         else:  # a node service: outlives this stage, stops at the run's STOP file or when idle
             self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                           start_new_session=True)
