@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -328,6 +329,74 @@ def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_ru
     assert (service_dir.parent / "starts").read_text().count("\n") == 1
     (service_dir.parent / "STOP").write_text("")
     assert _gone_within(pid, 10), "the node service outlived its run's STOP file"
+
+
+def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_for_all_of_them(
+        tiny_model_dir, second_weights, tmp_path):
+    """The service dies while one stage uses it (at v2) and another is attaching: the attaching stage starts a new
+    service instead of waiting forever for the lock its own handshake holds, and the first stage's restart attaches
+    to that one and loads its own version into it, rather than starting a second copy of the weights."""
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    first = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                         service_dir=service_dir, idle_exit_s=60)
+    old = first.pid
+    joined = {}
+    try:
+        first.load(str(second_weights), "v2")
+        v2 = _texts(first.generate(["hello"], PARAMS, [3]))
+        os.kill(old, signal.SIGSTOP)  # the service stops answering: the next stage's handshake waits
+        join = threading.Thread(target=lambda: joined.update(client=EngineClient(
+            EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+            service_dir=service_dir, idle_exit_s=60)), daemon=True)
+        join.start()
+        time.sleep(1.0)
+        os.kill(old, signal.SIGKILL)  # and dies
+        join.join(60)
+        assert not join.is_alive(), "attaching to a service that died hung"
+        second = joined["client"]
+        assert second.pid != old and second.starts == 1
+        assert _texts(first.generate(["hello"], PARAMS, [3])) == v2  # restarted: attached, v2 loaded into it
+        assert first.pid == second.pid and first.starts == 1 and first.version == "v2"
+        assert (service_dir.parent / "starts").read_text().count("\n") == 2
+    finally:
+        for client in (first, joined.get("client")):
+            if client is not None:
+                client.close()
+        (service_dir.parent / "STOP").write_text("")
+
+
+def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_for(tiny_model_dir, tmp_path):
+    """A registered service that accepts the connection and dies before answering (an idle exit or an OOM racing
+    the attach): the stage starts its own engine instead of deadlocking on the service lock it holds."""
+    import json
+
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    service_dir.mkdir(parents=True)
+    address, key = str(service_dir / "dying.sock"), os.urandom(16)
+    dying = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from multiprocessing.connection import Listener
+        with Listener({address!r}, family="AF_UNIX", authkey={key!r}) as listener:
+            listener.accept().recv()  # the attach's first request; then this service is gone
+    """)])
+    deadline = time.monotonic() + 30
+    while not os.path.exists(address) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (service_dir / "qwen_tiny.json").write_text(json.dumps({"address": address, "authkey": key.hex(),
+                                                            "pid": dying.pid, "log": os.devnull}))
+    attached = {}
+    attach = threading.Thread(target=lambda: attached.update(client=EngineClient(
+        EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"), service_dir=service_dir,
+        idle_exit_s=60)), daemon=True)
+    attach.start()
+    attach.join(60)
+    try:
+        assert not attach.is_alive(), "attaching to a service that died mid-handshake hung"
+        client = attached["client"]
+        assert client.starts == 1 and client.pid != dying.pid and client.generate(["x"], PARAMS, [1])
+        client.close()
+    finally:
+        dying.kill()
+        (service_dir.parent / "STOP").write_text("")
 
 
 def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):

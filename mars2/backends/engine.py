@@ -151,7 +151,7 @@ class EngineClient:
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
-        with self._service_lock():  # nothing else uses this client yet: the reader thread takes self._lock
+        with self._service_lock():  # no reader thread runs before the handshake is done (see _attach)
             if not self._attach():
                 self._start()
         atexit.register(self.close)
@@ -177,9 +177,14 @@ class EngineClient:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def _attach(self) -> bool:
-        """Connect to the node's running service for this agent, if there is one; its weights stay as they are
-        (``load`` moves them to the version a stage wants)."""
+    def _attach(self, *, keep_version: bool = False) -> bool:
+        """Connect to the node's running service for this agent, if there is one. Its weights stay as they are
+        (``load`` moves them to the version a stage wants), unless ``keep_version`` (a restart after the service
+        crashed, which another stage may have restarted already): then it loads this client's version first.
+
+        The handshake (health, and that load) is answered here, before the reader thread starts: a service that
+        dies meanwhile is an EOF here, not a reader that waits for the service lock this thread holds."""
+        from dataclasses import replace
         from multiprocessing.connection import Client
 
         if self.service_dir is None:
@@ -193,14 +198,28 @@ class EngineClient:
             conn = Client(record["address"], family="AF_UNIX", authkey=bytes.fromhex(record["authkey"]))
         except (OSError, EOFError):
             return False
+        try:
+            held = self._handshake(conn, "health")
+            if keep_version and held["version"] != self.spec.version:
+                self._handshake(conn, "load", self.spec.model_dir, self.spec.version)
+            elif not keep_version:
+                self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
+        except (OSError, EOFError, EngineError):
+            disconnect(conn)
+            return False
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
         self._log = Path(record["log"])
         threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
-        from dataclasses import replace
-
-        held = self._send("health").result()
-        self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
         return True
+
+    def _handshake(self, conn, *message):
+        """One request answered on ``conn`` before its reader thread runs (nothing else is in flight on it)."""
+        request_id = next(self._ids)
+        conn.send((request_id, *message))
+        answer_id, status, value = conn.recv()
+        if answer_id != request_id or status != "ok":
+            raise EngineError(f"the engine of agent {self.spec.agent!r}: {value}")
+        return value
 
     def _start(self) -> None:
         from multiprocessing.connection import Client
@@ -273,7 +292,11 @@ class EngineClient:
             except (EOFError, OSError):
                 break
             with self._lock:
-                _, future = self._pending.pop(request_id, (None, None))
+                message, future = self._pending.pop(request_id, (None, None))
+                if status == "ok" and message is not None and message[0] == "load":  # before anyone learns of it: a restart loads this
+                    from dataclasses import replace
+
+                    self.spec = replace(self.spec, model_dir=message[1], version=message[2])
             if future is None:
                 continue
             if status == "ok":
@@ -290,8 +313,9 @@ class EngineClient:
                 return
             self.restarts_left -= 1
             try:
-                with self._service_lock():
-                    self._start()  # from the latest weights (self.spec)
+                with self._service_lock():  # a shared service may have been restarted by another stage already
+                    if not self._attach(keep_version=True):
+                        self._start()  # from the latest weights (self.spec)
             except EngineError as e:
                 self._fail(e)
                 return
@@ -331,10 +355,7 @@ class EngineClient:
         folder."""
         if version == self.spec.version:
             return
-        self._call("load", str(model_dir), version)
-        from dataclasses import replace
-
-        self.spec = replace(self.spec, model_dir=str(model_dir), version=version)
+        self._call("load", str(model_dir), version)  # the reader records the new spec when the answer comes
 
     def health(self) -> dict:
         return self._call("health")
