@@ -71,7 +71,7 @@ def test_one_engine_serves_every_version_in_place_and_never_answers_with_an_olde
             engine.generate(prompts, PARAMS, seeds)
     finally:
         engine.close()
-    assert engine.pid is None
+    assert engine.pid is None and not engine._folder.exists()  # a clean close leaves no socket or log behind
 
 
 def test_requests_stream_in_and_a_load_waits_for_the_ones_already_sent(tiny_model_dir, second_weights):
@@ -136,6 +136,7 @@ def test_a_crashed_engine_restarts_once_with_the_latest_weights_then_fails_clear
             engine.generate(prompts, PARAMS, [5])
     finally:
         engine.close()
+    assert engine._log.exists()  # the error names it: kept after a crash
 
 
 def test_weights_of_another_architecture_are_refused_and_the_engine_keeps_serving(tiny_model_dir, tmp_path,

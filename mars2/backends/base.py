@@ -37,9 +37,6 @@ class GenerationBackend(Protocol):
 
     Every prompt is a request with its own seed (``seeds[i]``, default :func:`prompt_seeds`): its generations depend
     on the prompt, the seed and the weights, not on which other prompts share the call or the batch.
-
-    A backend that generates on the host's CPU sets ``uses_host_cpu = True``; the tree search then grades in turn
-    with generation instead of beside it (the sandbox pool needs the same cores).
     """
 
     def generate(self, prompts: list[str], params: SamplingParams,

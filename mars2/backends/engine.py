@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -388,6 +389,8 @@ class EngineClient:
                     disconnect(self._conn)
                 self._pid = self._proc = None
                 self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
+                if not self.starts:  # attached only: the folder made for a start was never used
+                    shutil.rmtree(self._folder, ignore_errors=True)
                 return
         if proc.poll() is None and self._failed is None:
             try:
@@ -398,4 +401,7 @@ class EngineClient:
         with self._lock:
             self._kill()
             self._proc = self._pid = None
+            troubled = self._failed is not None or self.starts > 1  # its log tells what happened: kept
             self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
+        if not troubled:
+            shutil.rmtree(self._folder, ignore_errors=True)  # its socket and log

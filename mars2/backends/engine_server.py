@@ -73,10 +73,11 @@ class TransformersEngine:
 class EngineState:
     engine: object
     model_dir: str
-    version: str
+    version: str | None  # None: a load failed part-way, the weights are no version
     lock: threading.RLock = field(default_factory=threading.RLock)  # versions change only between requests
     asleep: bool = False
     connections: int = 0
+    connections_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class CheckpointRefused(ValueError):
@@ -181,16 +182,21 @@ def serve(conn, state: EngineState) -> None:
                     conn.send((request_id, status, value))
                 except OSError:
                     pass  # the client is gone
+                except Exception as e:  # an answer that does not pickle: the client still gets one, an error
+                    with contextlib.suppress(OSError):
+                        conn.send((request_id, "error", f"its answer could not be sent: {type(e).__name__}: {e}"))
 
         return reply
 
-    state.connections += 1
+    with state.connections_lock:  # connections come and go on their own threads
+        state.connections += 1
     with conn:
         while True:
             try:
                 request_id, *message = conn.recv()
             except (EOFError, OSError):
-                state.connections -= 1
+                with state.connections_lock:
+                    state.connections -= 1
                 return
             if message[0] == "shutdown":
                 with contextlib.suppress(Exception):

@@ -69,8 +69,12 @@ class TransformersBackend:
                 out.set_exception(f.exception())
                 return
             c = f.result()
-            with self._tokenizer_lock:
-                text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
+            try:
+                with self._tokenizer_lock:
+                    text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
+            except Exception as e:  # concurrent.futures would log and drop it, leaving the caller waiting forever
+                out.set_exception(e)
+                return
             out.set_result(Generation(prompt_ids=prompt_ids, response_ids=c.response_ids, logprobs=c.logprobs,
                                       text=text, finish_reason=c.finish_reason))
 
