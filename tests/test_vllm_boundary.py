@@ -149,7 +149,8 @@ def log(*event):
 
 class AsyncLLM:
     def __init__(self, kw):
-        self.model, self.in_flight, self.peak = kw["model"], 0, 0
+        self.model, self.in_flight, self.peak, self.asleep = kw["model"], 0, 0, False
+        self.sleep_mode = kw.get("enable_sleep_mode", False)
         log("start", kw["model"], kw["tensor_parallel_size"], kw["data_parallel_size"])
 
     @classmethod
@@ -170,6 +171,7 @@ class AsyncLLM:
                                                        logprobs=[{t: NS(logprob=-0.5)} for t in ids])])
 
     async def collective_rpc(self, method, kwargs=None):
+        assert not self.asleep, "a reload into weights that sleep moved out"
         log("rpc", method, kwargs, self.in_flight)
         self.model = kwargs["weights_path"]
 
@@ -178,9 +180,12 @@ class AsyncLLM:
         return True
 
     async def sleep(self, level=1):
+        assert self.sleep_mode, "Sleep mode is not enabled in the model config"
+        self.asleep = True
         log("sleep", level)
 
     async def wake_up(self):
+        self.asleep = False
         log("wake")
 
     def shutdown(self):
@@ -190,48 +195,67 @@ class AsyncLLM:
 
 
 def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(tmp_path, monkeypatch):
-    """The vLLM engine of a run (``AsyncLLM`` behind the engine protocol) with a stand-in ``vllm`` package: requests
-    are in flight together, each with its own seed and the model's end tokens; a new version is loaded with
-    ``collective_rpc("reload_weights")`` once none is in flight, then the prefix cache is reset; sleep and wake
-    reach the engine; it is started once."""
+    """The vLLM engine of a run (``AsyncLLM`` behind the engine protocol) with a stand-in ``vllm`` package that, like
+    vLLM, refuses ``sleep`` without sleep mode: requests are in flight together, each with its own seed and the
+    model's end tokens; a new version is loaded with ``collective_rpc("reload_weights")`` once none is in flight,
+    then the prefix cache is reset; a load into a sleeping engine wakes it first; a folder without readable
+    safetensors is refused before the reload and the engine keeps its version; it is started once."""
     import json
+
+    import torch
+    from safetensors.torch import save_file
 
     from mars2.backends.engine import EngineClient, EngineError, EngineSpec
 
     for name, text in FAKE_ASYNC_VLLM.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(textwrap.dedent(text))
+    ckpt = {v: tmp_path / "ckpt" / v for v in ("v1", "v2", "v3", "broken")}
+    for v, folder in ckpt.items():
+        folder.mkdir(parents=True)
+        if v == "broken":
+            (folder / "model.safetensors").write_bytes(b"truncated")
+        else:
+            save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+    v1, v2, v3 = (str(ckpt[v]) for v in ("v1", "v2", "v3"))
     log = tmp_path / "vllm.log"
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
-    engine_args = VLLMEngineArgs(model="/ckpt/v1", tensor_parallel_size=2, data_parallel_size=2)
+    engine_args = VLLMEngineArgs(model=v1, tensor_parallel_size=2, data_parallel_size=2)
     from dataclasses import asdict
 
-    engine = EngineClient(EngineSpec("qwen", "/ckpt/v1", "/ckpt/v1", version="v1", device="cuda", kind="vllm",
+    engine = EngineClient(EngineSpec("qwen", v1, v1, version="v1", device="cuda", kind="vllm",
                                      python=sys.executable, vllm=asdict(engine_args), stop_token_ids=(7, 8)))
     try:
         params = SamplingParams(temperature=1.0, max_new_tokens=16)
         futures = [engine.submit(f"p{i}", params, seed=i) for i in range(4)]
-        engine.load("/ckpt/v2", "v2")  # waits for the four requests above
+        engine.load(v2, "v2")  # waits for the four requests above
         first = [f.result() for f in futures]
-        assert [g.text for g in first] == [f"/ckpt/v1|p{i}" for i in range(4)]
+        assert [g.text for g in first] == [f"{v1}|p{i}" for i in range(4)]
         assert first[0].response_ids == [2, request_seed(0, 0) % 1000, 2] and first[0].logprobs == [-0.5] * 3
         assert first[0].finish_reason == "stop" and first[0].prompt_ids == [1, 2]
-        assert engine.generate(["q"], params, [9])[0][0].text == "/ckpt/v2|q"
+        assert engine.generate(["q"], params, [9])[0][0].text == f"{v2}|q"
         engine.sleep()
-        assert engine.generate(["r"], params, [9])[0][0].text == "/ckpt/v2|r"
+        assert engine.generate(["r"], params, [9])[0][0].text == f"{v2}|r"
+        engine.sleep()  # the update runs; then the next stage loads its weights into the sleeping engine
+        engine.load(v3, "v3")
+        assert engine.generate(["t"], params, [9])[0][0].text == f"{v3}|t"
+        with pytest.raises(EngineError, match="broken/model.safetensors cannot be read"):
+            engine.load(str(ckpt["broken"]), "v4")
+        assert engine.health()["version"] == "v3" and engine.generate(["u"], params, [9])[0][0].text == f"{v3}|u"
         engine.spec = engine.spec.__class__(**{**engine.spec.__dict__, "version": "v1"})  # a stale caller
-        with pytest.raises(EngineError, match="holds weights version 'v2'"):
+        with pytest.raises(EngineError, match="holds weights version 'v3'"):
             engine.generate(["s"], params, [1])
     finally:
         engine.close()
     events = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = [e[0] for e in events]
-    assert kinds.count("start") == 1 and events[0] == ["start", "/ckpt/v1", 2, 2] and kinds[-1] == "shutdown"
+    assert kinds.count("start") == 1 and events[0] == ["start", v1, 2, 2] and kinds[-1] == "shutdown"
     generated = [e for e in events if e[0] == "generate"]
     assert max(e[5] for e in generated[:4]) == 4  # all four in flight at once
     assert all(e[3] == [7, 8] for e in generated)
     rpc = kinds.index("rpc")
-    assert events[rpc][1:] == ["reload_weights", {"weights_path": "/ckpt/v2"}, 0] and kinds[rpc + 1] == "reset"
+    assert events[rpc][1:] == ["reload_weights", {"weights_path": v2}, 0] and kinds[rpc + 1] == "reset"
     assert kinds.index("rpc") > max(i for i, e in enumerate(events[:rpc]) if e[0] == "generate")
     assert kinds[kinds.index("sleep") + 1] == "wake"
+    assert kinds.count("rpc") == 2 and kinds[-kinds[::-1].index("rpc") - 2] == "wake"  # woken before the reload

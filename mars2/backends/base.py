@@ -32,6 +32,11 @@ class Generation:
     finish_reason: str  # "stop" (EOS) | "length" (max_new_tokens reached)
 
 
+class CheckpointRefused(ValueError):
+    """A checkpoint that does not fit an engine's model, found before any weight was copied: the engine is unchanged
+    (here rather than in the engine server, which runs as ``__main__``: one class for every module that raises it)."""
+
+
 class GenerationBackend(Protocol):
     """A batch of prompts in, generations with token ids and sampled-token log-probs out.
 

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mars2.backends.base import CheckpointRefused
+
 
 class TransformersEngine:
     """The engine operations :func:`handle` needs, on a continuously batched transformers model."""
@@ -78,10 +80,6 @@ class EngineState:
     asleep: bool = False
     connections: int = 0
     connections_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class CheckpointRefused(ValueError):
-    """A checkpoint that does not fit the model, found before any weight was copied: the model is unchanged."""
 
 
 def load_weights_in_place(model, model_dir: str) -> None:
@@ -148,8 +146,11 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.engine.drained():
+                if state.asleep:  # vLLM cannot reload into weights its sleep moved out; the next request wakes it
+                    state.engine.wake()
+                    state.asleep = False
                 try:
-                    state.engine.load(model_dir)  # into host memory while asleep (transformers)
+                    state.engine.load(model_dir)
                 except CheckpointRefused:
                     raise  # nothing was copied: it keeps serving the version it holds
                 except BaseException:

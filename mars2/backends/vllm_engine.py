@@ -4,12 +4,16 @@ Runs inside the GPU worker's vLLM environment (``$MARS2_VLLM_PYTHON -m mars2.bac
 engine spec of kind "vllm"); nothing here is imported by the pipeline's own environment. Tested at its boundary
 with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls are those of vLLM 0.16–0.33:
 
-- start: ``AsyncLLM.from_engine_args(AsyncEngineArgs(**engine, logprobs_mode="processed_logprobs"))``;
+- start: ``AsyncLLM.from_engine_args(AsyncEngineArgs(**engine, logprobs_mode="processed_logprobs",
+  enable_sleep_mode=True))`` (vLLM refuses ``sleep`` without it);
 - sample: ``AsyncLLM.generate(prompt, SamplingParams(n=1, seed=<request seed>, logprobs=0, ...), request_id)``,
   an async stream whose last output is the finished request; vLLM batches every request in flight;
-- load: once no request is in flight, ``collective_rpc("reload_weights", kwargs={"weights_path": folder})`` (every
-  tensor-parallel rank reads its shard of the new folder in place) and ``reset_prefix_cache()``, which must return
-  True (cached prefixes were computed with the old weights);
+- load: once no request is in flight and the engine is awake (a reload into weights that ``sleep`` moved out would
+  be overwritten by the old ones at ``wake_up``), ``collective_rpc("reload_weights", kwargs={"weights_path":
+  folder})`` (every tensor-parallel rank reads its shard of the new folder in place) and ``reset_prefix_cache()``,
+  which must return True (cached prefixes were computed with the old weights). A folder without readable
+  safetensors files is refused before the reload (:class:`~mars2.backends.base.CheckpointRefused`: the
+  engine keeps its version); a reload that fails after it started leaves no version;
 - sleep / wake: ``sleep(level=1)`` (weights to host memory, KV cache dropped) / ``wake_up()``;
 - stop: ``shutdown()``.
 """
@@ -34,7 +38,8 @@ class VLLMEngine:
         self.stop_token_ids = list(stop_token_ids)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args, logprobs_mode="processed_logprobs"))
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**engine_args, "enable_sleep_mode": True},
+                                                             logprobs_mode="processed_logprobs"))
         self._cv = threading.Condition()
         self._in_flight = 0
         self._holds = 0
@@ -88,6 +93,7 @@ class VLLMEngine:
                 self._cv.notify_all()
 
     def load(self, model_dir: str) -> None:
+        check_safetensors(model_dir)
         self._run(self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir}))
         if self._run(self.llm.reset_prefix_cache()) is False:
             raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
@@ -103,3 +109,23 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+def check_safetensors(model_dir: str) -> None:
+    """The folder holds safetensors files whose headers read (:class:`CheckpointRefused` otherwise), checked before
+    vLLM starts overwriting weights."""
+    from pathlib import Path
+
+    from mars2.backends.base import CheckpointRefused
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointRefused(f"no *.safetensors in {model_dir}")
+    from safetensors import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                handle.keys()
+        except Exception as e:
+            raise CheckpointRefused(f"{f} cannot be read: {type(e).__name__}: {e}") from e
