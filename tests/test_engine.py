@@ -334,9 +334,10 @@ def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_ru
 
 def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_for_all_of_them(
         tiny_model_dir, second_weights, tmp_path):
-    """The service dies while one stage uses it (at v2) and another is attaching: the attaching stage starts a new
-    service instead of waiting forever for the lock its own handshake holds, and the first stage's restart attaches
-    to that one and loads its own version into it, rather than starting a second copy of the weights."""
+    """The service dies while one stage uses it (at v2) and another is connecting: the connecting stage starts a new
+    service, and the first stage's restart attaches to that one and loads its own version into it rather than
+    starting a second copy of the weights on the node. The other stage then holds a stale version and is refused
+    clearly (stages of one node share one engine, as with any load)."""
     service_dir = tmp_path / "engines" / "run-1" / "node-a"
     first = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
                          service_dir=service_dir, idle_exit_s=60)
@@ -345,7 +346,7 @@ def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_
     try:
         first.load(str(second_weights), "v2")
         v2 = _texts(first.generate(["hello"], PARAMS, [3]))
-        os.kill(old, signal.SIGSTOP)  # the service stops answering: the next stage's handshake waits
+        os.kill(old, signal.SIGSTOP)  # the service stops answering: the next stage's connection waits, lock held
         join = threading.Thread(target=lambda: joined.update(client=EngineClient(
             EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
             service_dir=service_dir, idle_exit_s=60)), daemon=True)
@@ -353,12 +354,14 @@ def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_
         time.sleep(1.0)
         os.kill(old, signal.SIGKILL)  # and dies
         join.join(60)
-        assert not join.is_alive(), "attaching to a service that died hung"
+        assert not join.is_alive(), "connecting to a service that died hung"
         second = joined["client"]
         assert second.pid != old and second.starts == 1
         assert _texts(first.generate(["hello"], PARAMS, [3])) == v2  # restarted: attached, v2 loaded into it
         assert first.pid == second.pid and first.starts == 1 and first.version == "v2"
         assert (service_dir.parent / "starts").read_text().count("\n") == 2
+        with pytest.raises(EngineError, match="holds weights version 'v2', the request wants 'v1'"):
+            second.generate(["hello"], PARAMS, [3])
     finally:
         for client in (first, joined.get("client")):
             if client is not None:
@@ -398,6 +401,35 @@ def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_
     finally:
         dying.kill()
         (service_dir.parent / "STOP").write_text("")
+
+
+def test_a_registered_service_that_is_alive_but_silent_is_an_error_not_a_second_engine(tiny_model_dir, tmp_path):
+    """A registered service that accepts and never answers (hung): the stage fails within its start timeout with an
+    error naming the agent, instead of waiting forever with the node's lock held or starting a second copy."""
+    import json
+
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    service_dir.mkdir(parents=True)
+    address, key = str(service_dir / "silent.sock"), os.urandom(16)
+    silent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from multiprocessing.connection import Listener
+        with Listener({address!r}, family="AF_UNIX", authkey={key!r}) as listener:
+            connection = listener.accept()
+            time.sleep(600)
+    """)])
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(address) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (service_dir / "qwen_tiny.json").write_text(json.dumps({"address": address, "authkey": key.hex(),
+                                                                "pid": silent.pid, "log": os.devnull}))
+        with pytest.raises(EngineError, match="service of agent 'qwen_tiny' did not answer 'health' in 2 s"):
+            EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                         service_dir=service_dir, start_timeout_s=2)
+        assert not (service_dir.parent / "starts").exists()
+    finally:
+        silent.kill()
 
 
 def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):

@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
+from multiprocessing import AuthenticationError
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,11 +91,11 @@ def die_with_parent() -> None:
 
 
 def disconnect(conn) -> None:
-    """Close a connection so that the other side sees it closed now: a plain close leaves the socket open while this
-    process's reader thread is still blocked in ``recv`` on it."""
-    with contextlib.suppress(OSError):
+    """Shut a connection down so that both sides see it closed now; its reader thread, woken by the EOF, closes it.
+    Closing it here instead would free its file descriptor while the reader may be about to read it, and the next
+    connection this process opens could get the same number: the old reader would then eat the new one's answers."""
+    with contextlib.suppress(OSError, ValueError):
         socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
-    conn.close()
 
 
 _spawns: queue.SimpleQueue = queue.SimpleQueue()
@@ -149,6 +150,7 @@ class EngineClient:
         self._ids = itertools.count()
         self._failed: EngineError | None = None
         self._closing = False
+        self._asleep = False  # after sleep(), until a request or load wakes it: a restart puts it back to sleep
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
@@ -197,26 +199,33 @@ class EngineClient:
         try:
             os.kill(record["pid"], 0)
             conn = Client(record["address"], family="AF_UNIX", authkey=bytes.fromhex(record["authkey"]))
-        except (OSError, EOFError):
-            return False
+        except (OSError, EOFError, AuthenticationError):
+            return False  # gone (or going): start one
         try:
             held = self._handshake(conn, "health")
-            if keep_version and held["version"] != self.spec.version:
+            if held["version"] is None or (keep_version and held["version"] != self.spec.version):
                 self._handshake(conn, "load", self.spec.model_dir, self.spec.version)
-            elif not keep_version:
+            else:
                 self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
-        except (OSError, EOFError, EngineError):
-            disconnect(conn)
+        except (OSError, EOFError):
+            conn.close()  # it died during the handshake (no reader runs yet): start one
             return False
+        except EngineError:
+            conn.close()  # alive but unusable: a second copy of the weights on the node would not help
+            raise
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
         self._log = Path(record["log"])
         threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         return True
 
     def _handshake(self, conn, *message):
-        """One request answered on ``conn`` before its reader thread runs (nothing else is in flight on it)."""
+        """One request answered on ``conn`` before its reader thread runs (nothing else is in flight on it), within
+        ``start_timeout_s``."""
         request_id = next(self._ids)
         conn.send((request_id, *message))
+        if not conn.poll(self.start_timeout_s):
+            raise EngineError(f"the node service of agent {self.spec.agent!r} did not answer {message[0]!r} in "
+                              f"{self.start_timeout_s:.0f} s; its log: {self._log}")
         answer_id, status, value = conn.recv()
         if answer_id != request_id or status != "ok":
             raise EngineError(f"the engine of agent {self.spec.agent!r}: {value}")
@@ -254,8 +263,8 @@ class EngineClient:
                 try:
                     self._conn = Client(address, family="AF_UNIX", authkey=self._authkey)
                     break
-                except (ConnectionRefusedError, FileNotFoundError):
-                    pass
+                except (OSError, EOFError, AuthenticationError):
+                    pass  # not listening yet, or exiting: the poll above tells
             if time.monotonic() > deadline:
                 self._kill()
                 raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in {self.start_timeout_s:.0f} s")
@@ -279,6 +288,8 @@ class EngineClient:
                 raise self._failed
             request_id = next(self._ids)
             self._pending[request_id] = (message, future)
+            if message[0] in ("sample", "load"):
+                self._asleep = False
             try:
                 self._conn.send((request_id, *message))
             except OSError:
@@ -291,11 +302,12 @@ class EngineClient:
             try:
                 request_id, status, value = conn.recv()
             except (EOFError, OSError):
+                conn.close()
                 break
             with self._lock:
                 message, future = self._pending.pop(request_id, (None, None))
-                if status == "ok" and message is not None and message[0] == "load":  # before anyone learns of it: a restart loads this
-                    from dataclasses import replace
+                if status == "ok" and message is not None and message[0] == "load":  # before its caller learns of
+                    from dataclasses import replace  # it: a restart from here on loads the new version
 
                     self.spec = replace(self.spec, model_dir=message[1], version=message[2])
             if future is None:
@@ -317,11 +329,15 @@ class EngineClient:
                 with self._service_lock():  # a shared service may have been restarted by another stage already
                     if not self._attach(keep_version=True):
                         self._start()  # from the latest weights (self.spec)
-            except EngineError as e:
-                self._fail(e)
-                return
-            for request_id, (message, _) in sorted(self._pending.items()):
-                self._conn.send((request_id, *message))
+                resend = sorted(self._pending.items())
+                if self._asleep and not any(message[0] == "sample" for _, (message, _) in resend):
+                    self._conn.send((next(self._ids), "sleep"))  # it crashed between stages: keep the device free
+                for request_id, (message, _) in resend:
+                    self._conn.send((request_id, *message))
+            except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
+                self._fail(e if isinstance(e, EngineError) else EngineError(
+                    f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
+                    f"{e}; its log: {self._log}"))
 
     def _fail(self, error: EngineError) -> None:
         self._failed = error
@@ -362,19 +378,23 @@ class EngineClient:
         return self._call("health")
 
     def _kill(self) -> None:
+        """Disconnect, and kill the engine with its process group (it leads its own session): vLLM's engine-core
+        and worker processes go with it."""
         if self._conn is not None:
             disconnect(self._conn)
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         elif self._proc is None and self._pid is not None:  # a node service another stage started
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._pid, signal.SIGKILL)
 
     def sleep(self) -> None:
         """Free the accelerator for other stages (the update): the engine moves its weights to host memory and drops
         its caches once its requests are done; the next request or load moves them back."""
         self._call("sleep")
+        self._asleep = True
 
     def close(self) -> None:
         """Stop the engine (politely, then by force); idempotent. A node service is only disconnected from: the
@@ -392,16 +412,17 @@ class EngineClient:
                 if not self.starts:  # attached only: the folder made for a start was never used
                     shutil.rmtree(self._folder, ignore_errors=True)
                 return
+        clean = False
         if proc.poll() is None and self._failed is None:
             try:
                 self._send("shutdown").result(timeout=10)
-                proc.wait(timeout=10)
+                clean = proc.wait(timeout=10) == 0
             except (EngineError, OSError, TimeoutError, subprocess.TimeoutExpired):
                 pass
         with self._lock:
             self._kill()
             self._proc = self._pid = None
-            troubled = self._failed is not None or self.starts > 1  # its log tells what happened: kept
+            troubled = not clean or self._failed is not None or self.starts > 1  # its log tells what happened: kept
             self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
         if not troubled:
             shutil.rmtree(self._folder, ignore_errors=True)  # its socket and log

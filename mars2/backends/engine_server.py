@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -213,11 +214,19 @@ def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
     while True:
         time.sleep(1.0)
         if os.path.exists(stop_file):
-            os._exit(0)
+            stop(state)
         if state.connections:
             idle_since = time.monotonic()
         elif idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
-            os._exit(0)
+            stop(state)
+
+
+def stop(state: EngineState, *_) -> None:
+    """Shut the engine down (vLLM stops its engine-core and worker processes) and exit; the listener's accept()
+    does not wake up on its own. Also the SIGTERM handler (the parent-death signal of a child engine)."""
+    with contextlib.suppress(Exception):
+        state.engine.shutdown()
+    os._exit(0)
 
 
 def start_engine(spec: dict):
@@ -239,6 +248,7 @@ def main(address: str, spec_json: str) -> None:
 
     spec = json.loads(spec_json)
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
+    signal.signal(signal.SIGTERM, lambda *_: stop(state))
     if spec.get("stop_file"):
         threading.Thread(target=watch, args=(state, spec["stop_file"], float(spec.get("idle_exit_s") or 0)),
                          daemon=True).start()
