@@ -74,6 +74,8 @@ def engine_pool(persistent: bool, ctx: StageContext | None = None) -> Iterator[E
     run's node services on pool workers too (their STOP file is written)."""
     global _pool
     run_dir = run_engines_dir(ctx) if ctx is not None else None
+    if run_dir is not None:  # a retry of the same flow run: the last attempt's STOP would end this one's services
+        (run_dir / STOP_FILE).unlink(missing_ok=True)
     _pool = EnginePool(persistent, run_dir=run_dir)
     try:
         yield _pool

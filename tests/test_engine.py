@@ -440,3 +440,18 @@ def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
     pid = engine.pid
     engine.close()
     assert _alive(pid) and _gone_within(pid, 15)
+
+
+def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_own_at_the_end(tmp_path):
+    """Node services exit when their run's STOP file appears: a retry of the same flow run (same run folder) must not
+    find the last attempt's, or every service it starts would exit within a second."""
+    from tasks.engines import engine_pool, run_engines_dir
+    from tasks.stage import StageContext
+
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
+    stop = run_engines_dir(ctx) / "STOP"
+    stop.parent.mkdir(parents=True)
+    stop.write_text("the run has ended\n")
+    with engine_pool(True, ctx):
+        assert not stop.exists()
+    assert stop.exists()
