@@ -455,3 +455,9 @@ def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_ow
     with engine_pool(True, ctx):
         assert not stop.exists()
     assert stop.exists()
+
+
+def test_an_engine_whose_interpreter_does_not_exist_fails_naming_the_agent(tiny_model_dir):
+    with pytest.raises(EngineError, match="engine of agent 'qwen_tiny' could not be started with '/no/such/python'"):
+        EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1",
+                                python="/no/such/python"))

@@ -243,15 +243,20 @@ class EngineClient:
             spec.update(stop_file=str(self.service_dir.parent / STOP_FILE), idle_exit_s=self.idle_exit_s)
         args = [self.spec.python or sys.executable, "-m", "mars2.backends.engine_server", address, json.dumps(spec)]
         log = open(self._log, "ab")  # noqa: SIM115 - the engine's process owns it
-        if self.service_dir is None:  # a child of this process: it dies with it
-            # in a session of its own: a signal to the run's process group (Ctrl-C) reaches the run, which closes
-            # its engines, instead of killing the engine behind its back (the reader would restart it)
-            self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True)
-        else:  # a node service: outlives this stage, stops at the run's STOP file or when idle
-            self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          start_new_session=True)
-        log.close()
+        try:
+            if self.service_dir is None:  # a child of this process: it dies with it
+                # in a session of its own: a signal to the run's process group (Ctrl-C) reaches the run, which
+                # closes its engines, instead of killing the engine behind its back (the reader would restart it)
+                self._proc = popen_bound(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
+            else:  # a node service: outlives this stage, stops at the run's STOP file or when idle
+                self._proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              start_new_session=True)
+        except OSError as e:  # e.g. no such interpreter ($MARS2_VLLM_PYTHON)
+            raise EngineError(f"the engine of agent {self.spec.agent!r} could not be started with {args[0]!r}: "
+                              f"{e}") from e
+        finally:
+            log.close()
         self._pid = self._proc.pid
         self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s
