@@ -461,3 +461,19 @@ def test_an_engine_whose_interpreter_does_not_exist_fails_naming_the_agent(tiny_
     with pytest.raises(EngineError, match="engine of agent 'qwen_tiny' could not be started with '/no/such/python'"):
         EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1",
                                 python="/no/such/python"))
+
+
+def test_a_client_that_fails_authentication_does_not_take_the_engine_down(tiny_model_dir):
+    """The engine authenticates each connection in its accept loop: a peer with the wrong key (or one that dies
+    mid-handshake) is turned away, and the engine keeps serving its clients."""
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        address = str(next(engine._folder.glob("*.sock")))
+        with pytest.raises(AuthenticationError):
+            Client(address, family="AF_UNIX", authkey=b"not the key")
+        assert engine.generate(["x"], PARAMS, [1]) and engine.starts == 1 and engine.health()["pid"] == engine.pid
+    finally:
+        engine.close()

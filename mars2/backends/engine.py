@@ -146,6 +146,7 @@ class EngineClient:
         self._pid: int | None = None
         self._conn = None
         self._lock = threading.RLock()  # the connection, the pending table, restarts
+        self._send_lock = threading.Lock()  # writes on the connection (a restart's resends come first)
         self._pending: dict[int, tuple[tuple, Future]] = {}
         self._ids = itertools.count()
         self._failed: EngineError | None = None
@@ -204,7 +205,8 @@ class EngineClient:
         try:
             held = self._handshake(conn, "health")
             if held["version"] is None or (keep_version and held["version"] != self.spec.version):
-                self._handshake(conn, "load", self.spec.model_dir, self.spec.version)
+                # no time limit: a load waits for the requests other stages have in flight, as load() does
+                self._handshake(conn, "load", self.spec.model_dir, self.spec.version, limited=False)
             else:
                 self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
         except (OSError, EOFError):
@@ -214,16 +216,17 @@ class EngineClient:
             conn.close()  # alive but unusable: a second copy of the weights on the node would not help
             raise
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
+        self._proc = None  # another process's child: _kill signals it by pid
         self._log = Path(record["log"])
         threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         return True
 
-    def _handshake(self, conn, *message):
+    def _handshake(self, conn, *message, limited: bool = True):
         """One request answered on ``conn`` before its reader thread runs (nothing else is in flight on it), within
-        ``start_timeout_s``."""
+        ``start_timeout_s`` if ``limited``."""
         request_id = next(self._ids)
         conn.send((request_id, *message))
-        if not conn.poll(self.start_timeout_s):
+        if not conn.poll(self.start_timeout_s if limited else None):
             raise EngineError(f"the node service of agent {self.spec.agent!r} did not answer {message[0]!r} in "
                               f"{self.start_timeout_s:.0f} s; its log: {self._log}")
         answer_id, status, value = conn.recv()
@@ -262,6 +265,8 @@ class EngineClient:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self._proc.poll() is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)  # what it had started (vLLM's engine core)
                 raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {self._proc.returncode} "
                                   f"while starting; its log: {self._log}\n{self._log_tail()}")
             if os.path.exists(address):
@@ -295,8 +300,10 @@ class EngineClient:
             self._pending[request_id] = (message, future)
             if message[0] in ("sample", "load"):
                 self._asleep = False
+            conn = self._conn
+        with self._send_lock:  # not under self._lock: the reader needs that to take answers off a full socket
             try:
-                self._conn.send((request_id, *message))
+                conn.send((request_id, *message))
             except OSError:
                 pass  # the reader sees the engine gone and sends it again after the restart
         return future
@@ -307,7 +314,8 @@ class EngineClient:
             try:
                 request_id, status, value = conn.recv()
             except (EOFError, OSError):
-                conn.close()
+                with self._lock:  # disconnect() runs under it: the descriptor is not freed under its feet
+                    conn.close()
                 break
             with self._lock:
                 message, future = self._pending.pop(request_id, (None, None))
@@ -334,15 +342,24 @@ class EngineClient:
                 with self._service_lock():  # a shared service may have been restarted by another stage already
                     if not self._attach(keep_version=True):
                         self._start()  # from the latest weights (self.spec)
-                resend = sorted(self._pending.items())
-                if self._asleep and not any(message[0] == "sample" for _, (message, _) in resend):
-                    self._conn.send((next(self._ids), "sleep"))  # it crashed between stages: keep the device free
-                for request_id, (message, _) in resend:
-                    self._conn.send((request_id, *message))
             except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
                 self._fail(e if isinstance(e, EngineError) else EngineError(
                     f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
                     f"{e}; its log: {self._log}"))
+                return
+            resend = sorted(self._pending.items())
+            sleep_first = self._asleep and not any(message[0] == "sample" for _, (message, _) in resend)
+            new = self._conn
+            self._send_lock.acquire()  # requests sent from now on go after the resent ones
+        try:  # without self._lock: the new reader takes answers off the socket meanwhile, or a large resend could
+            if sleep_first:  # fill it while the engine waits for its answers to be read
+                new.send((next(self._ids), "sleep"))  # it crashed between stages: keep the device free
+            for request_id, (message, _) in resend:
+                new.send((request_id, *message))
+        except OSError:
+            pass  # the new engine is gone too: its reader restarts or fails
+        finally:
+            self._send_lock.release()
 
     def _fail(self, error: EngineError) -> None:
         self._failed = error
@@ -387,7 +404,7 @@ class EngineClient:
         and worker processes go with it."""
         if self._conn is not None:
             disconnect(self._conn)
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None:  # even when it has exited: its group outlives it (a crashed vLLM's children)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()

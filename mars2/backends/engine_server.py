@@ -221,12 +221,28 @@ def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
             stop(state)
 
 
-def stop(state: EngineState, *_) -> None:
-    """Shut the engine down (vLLM stops its engine-core and worker processes) and exit; the listener's accept()
-    does not wake up on its own. Also the SIGTERM handler (the parent-death signal of a child engine)."""
-    with contextlib.suppress(Exception):
-        state.engine.shutdown()
+def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
+    """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
+    so no stage attaches to a service on its way out; a shutdown that hangs for ``grace_s`` gives way to SIGKILL
+    of the process group the engine leads (its children with it). The listener's accept() does not wake up on its
+    own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
+    if _address:
+        with contextlib.suppress(OSError):
+            os.unlink(_address)
+    leader = os.getpgid(0) == os.getpid()  # started in a session of its own: its group is the engine's alone
+    if state is None and leader:  # still loading: nothing to shut down politely
+        os.killpg(0, signal.SIGKILL)
+    if leader:
+        killer = threading.Timer(grace_s, os.killpg, (0, signal.SIGKILL))
+        killer.daemon = True
+        killer.start()
+    if state is not None:
+        with contextlib.suppress(Exception):
+            state.engine.shutdown()
     os._exit(0)
+
+
+_address = ""  # the engine's socket (set by main)
 
 
 def start_engine(spec: dict):
@@ -244,9 +260,13 @@ def start_engine(spec: dict):
 
 
 def main(address: str, spec_json: str) -> None:
+    from multiprocessing import AuthenticationError
     from multiprocessing.connection import Listener
 
+    global _address
+    _address = address
     spec = json.loads(spec_json)
+    signal.signal(signal.SIGTERM, lambda *_: stop(None))  # while the model loads (vLLM's children: their group)
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
     if spec.get("stop_file"):
@@ -255,7 +275,10 @@ def main(address: str, spec_json: str) -> None:
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
         while True:
-            conn = listener.accept()
+            try:
+                conn = listener.accept()
+            except (OSError, EOFError, AuthenticationError):
+                continue  # a client that died or failed authentication mid-handshake: the others still come
             threading.Thread(target=serve, args=(conn, state), daemon=True).start()
 
 
