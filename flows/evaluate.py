@@ -63,7 +63,8 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     members = cfg.agents.members
     owners = [owner_of(m) for m in members if m.shares_weights_with is None]
     metrics: dict[str, float] = {}
-    with engine_pool(cfg.backend.persistent, ctx) as engines:  # one generation engine per weight owner
+    # one generation engine per weight owner
+    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
         try:
             checkpoints, hashes = checkpoints_of(cfg)
             dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)

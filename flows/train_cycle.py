@@ -57,7 +57,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     owners = {owner_of(m): m for m in members if m.shares_weights_with is None}
     profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
     eval_metrics: dict[str, float] = {}
-    with engine_pool(cfg.backend.persistent, ctx) as engines:  # one generation engine per weight owner
+    # one generation engine per weight owner
+    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
         try:
             dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
             run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))

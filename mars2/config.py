@@ -250,6 +250,9 @@ class BackendConfig:
     # model is loaded into each stage's process (vLLM: a worker per call). Not part of any cache key: with
     # per-request seeds both sample the same programs.
     persistent: bool = field(default=True, metadata={"cache_key": False})
+    # seconds a persistent engine may take to start (a 32B vLLM engine's load and CUDA-graph capture take minutes)
+    # and a node service to answer a stage's handshake
+    start_timeout_s: float = field(default=900.0, metadata={"cache_key": False})
 
     gpu_memory_utilization: float = 0.85  # share of each GPU's memory vLLM takes (weights + KV cache)
     tensor_parallel_size: int = 1  # GPUs one engine shards the model over

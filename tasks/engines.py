@@ -25,8 +25,10 @@ class EnginePool:
     """The engines a process hands out: its own children (``service_dir`` None: the flow's run in local mode) or the
     node's services of the run (``service_dir``: a stage flow run on a pool worker)."""
 
-    def __init__(self, persistent: bool, run_dir: Path | None = None, service_dir: Path | None = None):
+    def __init__(self, persistent: bool, run_dir: Path | None = None, service_dir: Path | None = None,
+                 start_timeout_s: float = 900.0):
         self.persistent = persistent
+        self.start_timeout_s = start_timeout_s
         self.run_dir = run_dir
         self.service_dir = service_dir
         self.engines: dict[str, EngineClient] = {}
@@ -40,7 +42,7 @@ class EnginePool:
         if engine is None:
             engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
                                              batch_size=batch_size, threads=threads, **kind),
-                                  service_dir=self.service_dir)
+                                  service_dir=self.service_dir, start_timeout_s=self.start_timeout_s)
             self.engines[owner] = engine
             if self.service_dir is None:  # node services are counted in the run's starts file
                 self.handed_out.append(engine)
@@ -69,14 +71,15 @@ def run_engines_dir(ctx: StageContext) -> Path:
 
 
 @contextlib.contextmanager
-def engine_pool(persistent: bool, ctx: StageContext | None = None) -> Iterator[EnginePool]:
+def engine_pool(persistent: bool, ctx: StageContext | None = None, start_timeout_s: float = 900.0
+                ) -> Iterator[EnginePool]:
     """The run's engines, stopped when the block ends (normally, on an error, on SIGTERM/SIGINT); with ``ctx``, the
     run's node services on pool workers too (their STOP file is written)."""
     global _pool
     run_dir = run_engines_dir(ctx) if ctx is not None else None
     if run_dir is not None:  # a retry of the same flow run: the last attempt's STOP would end this one's services
         (run_dir / STOP_FILE).unlink(missing_ok=True)
-    _pool = EnginePool(persistent, run_dir=run_dir)
+    _pool = EnginePool(persistent, run_dir=run_dir, start_timeout_s=start_timeout_s)
     try:
         yield _pool
     finally:
@@ -87,11 +90,12 @@ def engine_pool(persistent: bool, ctx: StageContext | None = None) -> Iterator[E
 
 
 @contextlib.contextmanager
-def node_engines(persistent: bool, ctx: StageContext) -> Iterator[EnginePool]:
+def node_engines(persistent: bool, ctx: StageContext, start_timeout_s: float = 900.0) -> Iterator[EnginePool]:
     """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
     that needs one, attached to by the next), disconnected from when the block ends."""
     global _pool
-    _pool = EnginePool(persistent, service_dir=run_engines_dir(ctx) / socket.gethostname())
+    _pool = EnginePool(persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
+                       start_timeout_s=start_timeout_s)
     try:
         yield _pool
     finally:

@@ -165,7 +165,8 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
         raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
                                 "($MARS2_HOME) at the same path")
     engine = kwargs.get("engine")  # rollout and evaluation: the node's engine services of the run
-    with node_engines(bool(getattr(engine, "persistent", False)), kwargs["ctx"]):
+    with node_engines(bool(getattr(engine, "persistent", False)), kwargs["ctx"],
+                      float(getattr(engine, "start_timeout_s", 900.0))):
         record = getattr(bound(root), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -477,3 +477,17 @@ def test_a_client_that_fails_authentication_does_not_take_the_engine_down(tiny_m
         assert engine.generate(["x"], PARAMS, [1]) and engine.starts == 1 and engine.health()["pid"] == engine.pid
     finally:
         engine.close()
+
+
+def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(tiny_model_dir):
+    """``backend.start_timeout_s`` (a 32B vLLM start takes minutes) is what the run's pool gives its engines."""
+    from tasks.config import load_cfg, resolve
+    from tasks.engines import engine_pool
+
+    assert resolve(load_cfg()).backend.start_timeout_s == 900.0
+    cfg = resolve(load_cfg(["backend.start_timeout_s=42"]))
+    with engine_pool(True, None, cfg.backend.start_timeout_s) as pool:
+        engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
+                             dtype="float32", batch_size=2)
+        assert engine.start_timeout_s == 42
+    assert engine.pid is None
