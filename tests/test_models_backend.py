@@ -333,3 +333,18 @@ def test_drained_waits_for_a_request_taken_off_the_queue_but_still_in_its_prefil
     with backend.batcher.drained():
         assert future.done() and future.result().response_ids
     backend.batcher.close()
+
+
+def test_a_response_that_fails_to_decode_fails_its_future_instead_of_leaving_it_unresolved(tiny_model_dir):
+    """The text is decoded in the batcher's done-callback, where concurrent.futures would log an exception and drop
+    it: the caller must get the error, not wait forever."""
+    backend, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+
+    def broken_decode(*args, **kwargs):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a broken byte")
+
+    backend.tokenizer.decode = broken_decode
+    future = backend.submit("print x", SamplingParams(max_new_tokens=3), seed=2)
+    with pytest.raises(UnicodeDecodeError):
+        future.result(timeout=60)
+    backend.batcher.close()
