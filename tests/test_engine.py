@@ -491,3 +491,21 @@ def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(t
                              dtype="float32", batch_size=2)
         assert engine.start_timeout_s == 42
     assert engine.pid is None
+
+
+def test_an_engine_that_crashes_while_asleep_is_restarted_asleep(tiny_model_dir):
+    """Between stages the engine sleeps so that the update has the device; if it crashes then, its restart must not
+    take the device back before the next stage asks for it."""
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        engine.generate(["x"], PARAMS, [1])
+        engine.sleep()
+        old = engine.pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (engine.pid == old or engine.pid is None) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert engine.starts == 2 and engine.health()["asleep"]
+        assert engine.generate(["x"], PARAMS, [1]) and not engine.health()["asleep"]
+    finally:
+        engine.close()
