@@ -369,24 +369,33 @@ def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_
         (service_dir.parent / "STOP").write_text("")
 
 
-def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_for(tiny_model_dir, tmp_path):
-    """A registered service that accepts the connection and dies before answering (an idle exit or an OOM racing
-    the attach): the stage starts its own engine instead of deadlocking on the service lock it holds."""
+def _registered_stand_in(service_dir, after_accept: str) -> subprocess.Popen:
+    """A process registered as the node's qwen_tiny service: it authenticates a connection, then runs
+    ``after_accept`` (Python, with ``connection`` bound) instead of serving it."""
     import json
 
-    service_dir = tmp_path / "engines" / "run-1" / "node-a"
     service_dir.mkdir(parents=True)
-    address, key = str(service_dir / "dying.sock"), os.urandom(16)
-    dying = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    address, key = str(service_dir / "stand-in.sock"), os.urandom(16)
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
         from multiprocessing.connection import Listener
         with Listener({address!r}, family="AF_UNIX", authkey={key!r}) as listener:
-            listener.accept().recv()  # the attach's first request; then this service is gone
+            connection = listener.accept()
+            {after_accept}
     """)])
     deadline = time.monotonic() + 30
     while not os.path.exists(address) and time.monotonic() < deadline:
         time.sleep(0.05)
     (service_dir / "qwen_tiny.json").write_text(json.dumps({"address": address, "authkey": key.hex(),
-                                                            "pid": dying.pid, "log": os.devnull}))
+                                                            "pid": proc.pid, "log": os.devnull}))
+    return proc
+
+
+def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_for(tiny_model_dir, tmp_path):
+    """A registered service that accepts the connection and dies before answering (an idle exit or an OOM racing
+    the attach): the stage starts its own engine instead of deadlocking on the service lock it holds."""
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    dying = _registered_stand_in(service_dir, "connection.recv()  # the attach's first request; then it is gone")
     attached = {}
     attach = threading.Thread(target=lambda: attached.update(client=EngineClient(
         EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"), service_dir=service_dir,
@@ -406,24 +415,9 @@ def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_
 def test_a_registered_service_that_is_alive_but_silent_is_an_error_not_a_second_engine(tiny_model_dir, tmp_path):
     """A registered service that accepts and never answers (hung): the stage fails within its start timeout with an
     error naming the agent, instead of waiting forever with the node's lock held or starting a second copy."""
-    import json
-
     service_dir = tmp_path / "engines" / "run-1" / "node-a"
-    service_dir.mkdir(parents=True)
-    address, key = str(service_dir / "silent.sock"), os.urandom(16)
-    silent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from multiprocessing.connection import Listener
-        with Listener({address!r}, family="AF_UNIX", authkey={key!r}) as listener:
-            connection = listener.accept()
-            time.sleep(600)
-    """)])
+    silent = _registered_stand_in(service_dir, "time.sleep(600)")
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(address) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (service_dir / "qwen_tiny.json").write_text(json.dumps({"address": address, "authkey": key.hex(),
-                                                                "pid": silent.pid, "log": os.devnull}))
         with pytest.raises(EngineError, match="service of agent 'qwen_tiny' did not answer 'health' in 2 s"):
             EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
                          service_dir=service_dir, start_timeout_s=2)

@@ -61,6 +61,24 @@ def request_seed(seed: int, *key: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def call_seeds(params: SamplingParams, prompts: list[str], seeds: list[int] | None) -> list[int]:
+    """The seed of each prompt of a ``generate`` call: ``seeds`` (one per prompt), or :func:`prompt_seeds`."""
+    seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    return seeds
+
+
+def checkpoint_files(model_dir: str) -> list:
+    """A model folder's ``*.safetensors`` files, sorted (:class:`CheckpointRefused` when there are none)."""
+    from pathlib import Path
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointRefused(f"no *.safetensors in {model_dir}")
+    return files
+
+
 def prompt_seeds(params: SamplingParams, n_prompts: int) -> list[int]:
     """Seeds of a call that names none: prompt i of the call gets ``request_seed(params.seed, "prompt", i)``."""
     return [request_seed(params.seed, "prompt", i) for i in range(n_prompts)]

@@ -46,11 +46,11 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import AuthenticationError
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mars2.backends.base import Generation, SamplingParams, prompt_seeds, request_seed
+from mars2.backends.base import Generation, SamplingParams, call_seeds, request_seed
 from mars2.io import atomic_write_text
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
@@ -188,7 +188,6 @@ class EngineClient:
 
         The handshake (health, and that load) is answered here, before the reader thread starts: a service that
         dies meanwhile is an EOF here, not a reader that waits for the service lock this thread holds."""
-        from dataclasses import replace
         from multiprocessing.connection import Client
 
         if self.service_dir is None:
@@ -319,9 +318,8 @@ class EngineClient:
                 break
             with self._lock:
                 message, future = self._pending.pop(request_id, (None, None))
-                if status == "ok" and message is not None and message[0] == "load":  # before its caller learns of
-                    from dataclasses import replace  # it: a restart from here on loads the new version
-
+                if status == "ok" and message is not None and message[0] == "load":
+                    # before its caller learns of it: a restart from here on loads the new version
                     self.spec = replace(self.spec, model_dir=message[1], version=message[2])
             if future is None:
                 continue
@@ -380,9 +378,7 @@ class EngineClient:
         the request seeded ``request_seed(seeds[i], j)``, as in-process. Sent shortest prompt first, as in-process:
         the engine admits in arrival order, and rows admitted together then pad less (``bench/rollout.py``'s raw run
         measured 6% more tokens/s sorted than in the search's order)."""
-        seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        seeds = call_seeds(params, prompts, seeds)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         futures = {(i, j): self._send("sample", self.spec.version, prompts[i], vars(params), request_seed(seeds[i], j))
                    for i in order for j in range(params.n)}
@@ -408,7 +404,7 @@ class EngineClient:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
-        elif self._proc is None and self._pid is not None:  # a node service another stage started
+        elif self._pid is not None:  # a node service another stage started
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._pid, signal.SIGKILL)
 
@@ -444,7 +440,7 @@ class EngineClient:
         with self._lock:
             self._kill()
             self._proc = self._pid = None
-            troubled = not clean or self._failed is not None or self.starts > 1  # its log tells what happened: kept
+            troubled = not clean or self.starts > 1  # its log tells what happened: kept
             self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
         if not troubled:
             shutil.rmtree(self._folder, ignore_errors=True)  # its socket and log

@@ -24,9 +24,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from mars2.backends.base import CheckpointRefused
+from mars2.backends.base import CheckpointRefused, checkpoint_files
 
 
 class TransformersEngine:
@@ -93,11 +92,8 @@ def load_weights_in_place(model, model_dir: str) -> None:
     import torch
     from safetensors.torch import load_file
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise CheckpointRefused(f"no *.safetensors in {model_dir}")
     state = {}
-    for f in files:
+    for f in checkpoint_files(model_dir):
         try:
             state.update(load_file(str(f)))
         except Exception as e:  # a truncated or foreign file

@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams, end_token_ids, prompt_seeds, request_seed
+from mars2.backends.base import Generation, SamplingParams, call_seeds, end_token_ids, request_seed
 
 
 class TransformersBackend:
@@ -41,9 +41,7 @@ class TransformersBackend:
         j)``, so what it samples depends on its prompt and seed, not on the other requests."""
         from tqdm.auto import tqdm
 
-        seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        seeds = call_seeds(params, prompts, seeds)
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # shortest prompts first: rows admitted together pad less
         futures = dict(zip(rows, self.submit_samples([(prompts[i], request_seed(seeds[i], j)) for i, j in rows], params),

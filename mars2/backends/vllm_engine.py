@@ -114,16 +114,11 @@ class VLLMEngine:
 def check_safetensors(model_dir: str) -> None:
     """The folder holds safetensors files whose headers read (:class:`CheckpointRefused` otherwise), checked before
     vLLM starts overwriting weights."""
-    from pathlib import Path
-
-    from mars2.backends.base import CheckpointRefused
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise CheckpointRefused(f"no *.safetensors in {model_dir}")
     from safetensors import safe_open
 
-    for f in files:
+    from mars2.backends.base import CheckpointRefused, checkpoint_files
+
+    for f in checkpoint_files(model_dir):
         try:
             with safe_open(str(f), framework="pt") as handle:
                 handle.keys()
