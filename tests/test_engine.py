@@ -256,6 +256,69 @@ def test_no_engine_outlives_its_client_process(tiny_model_dir):
         proc.kill()
 
 
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """A signal to one thread of another process (``kill`` lets the kernel choose the thread; some kernels, gVisor's
+    among them, choose one that is not the main thread)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "tgkill"):
+        pytest.skip("this C library has no tgkill")
+    assert libc.tgkill(pid, tid, sig) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads of another process: /proc and tgkill")
+def test_a_sigterm_that_lands_on_another_thread_than_the_main_one_still_stops_the_engine(tiny_model_dir):
+    """The parent-death signal is SIGTERM, and Python runs a signal's handler only on its main thread: an engine whose
+    main thread sleeps in ``accept()`` while the signal is delivered to one of its other threads never ran it (seen on
+    a GPU node: engines kept 21 GB each for minutes after their bench was killed). The main thread now only waits, in
+    short sleeps, so the handler runs whichever thread the signal reached."""
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        pid = engine.pid
+        others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert others, "the engine has a thread per connection"
+        _tgkill(pid, others[0], signal.SIGTERM)
+        assert _gone_within(pid, 15), "SIGTERM on a non-main thread left the engine running"
+    finally:
+        engine.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(tiny_model_dir, tmp_path):
+    """``PR_SET_PDEATHSIG`` is Linux's, and a container runtime may not honour it: the engine also watches its
+    parent (the spec's ``parent_pid``) and stops once it has been re-parented. Here its parent starts it with no
+    parent-death signal at all and is then killed."""
+    script = textwrap.dedent(f"""
+        import dataclasses, json, os, subprocess, sys, time
+        from mars2.backends.engine import EngineSpec
+        spec = dataclasses.asdict(EngineSpec("qwen_tiny", {str(tiny_model_dir)!r}, {str(tiny_model_dir)!r},
+                                             version="v1"))
+        spec["parent_pid"] = os.getpid()
+        env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex()}}
+        engine = subprocess.Popen([sys.executable, "-m", "mars2.backends.engine_server",
+                                   {str(tmp_path / "engine.sock")!r}, json.dumps(spec)], env=env,
+                                  start_new_session=True)
+        print(engine.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    engine_pid = int(proc.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "engine.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "engine.sock").exists(), "the engine did not start"
+        proc.kill()
+        proc.wait()
+        assert _gone_within(engine_pid, 15), "the engine outlived its parent"
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine_pid, signal.SIGKILL)
+
+
 def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir):
     """SIGINT to the run's whole process group (Ctrl-C in a terminal, a supervisor's group signal): the engine is
     not in that group, so it is not killed and restarted behind the run's back; the run decides, and its exit stops

@@ -1,6 +1,6 @@
 """An engine's process: ``python -m mars2.backends.engine_server ADDRESS SPEC_JSON`` (started by
 :class:`mars2.backends.engine.EngineClient`; protocol in that module, spec = :class:`~mars2.backends.engine.EngineSpec`
-as JSON, plus the node-service fields ``stop_file`` and ``idle_exit_s``).
+as JSON, plus the node-service fields ``stop_file`` and ``idle_exit_s``, or a child engine's ``parent_pid``).
 
 It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), reads
 each connection in its own thread and hands every "sample" request to the engine, which batches whatever is in
@@ -256,7 +256,6 @@ def start_engine(spec: dict):
 
 
 def main(address: str, spec_json: str) -> None:
-    from multiprocessing import AuthenticationError
     from multiprocessing.connection import Listener
 
     global _address
@@ -269,13 +268,35 @@ def main(address: str, spec_json: str) -> None:
         threading.Thread(target=watch, args=(state, spec["stop_file"], float(spec.get("idle_exit_s") or 0)),
                          daemon=True).start()
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
-    with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
-        while True:
-            try:
-                conn = listener.accept()
-            except (OSError, EOFError, AuthenticationError):
-                continue  # a client that died or failed authentication mid-handshake: the others still come
-            threading.Thread(target=serve, args=(conn, state), daemon=True).start()
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
+    wait_for_parent(int(spec.get("parent_pid") or 0), state)
+
+
+def accept_forever(listener, state: EngineState) -> None:
+    """Serve each connection in a thread of its own."""
+    from multiprocessing import AuthenticationError
+
+    while True:
+        try:
+            conn = listener.accept()
+        except (OSError, EOFError, AuthenticationError):
+            continue  # a client that died or failed authentication mid-handshake: the others still come
+        threading.Thread(target=serve, args=(conn, state), daemon=True).start()
+
+
+def wait_for_parent(parent_pid: int, state: EngineState, poll_s: float = 0.5) -> None:
+    """The main thread's loop: stop once re-parented away from ``parent_pid`` (0: a node service, which outlives
+    the stage that started it), else sleep.
+
+    Both halves are for signals that could otherwise be lost. Python runs a handler only on the main thread, and
+    only once it runs bytecode: a main thread blocked in ``accept()`` never ran the SIGTERM handler when the kernel
+    delivered the signal to another thread (gVisor may pick any thread). And where the parent-death signal is not
+    honoured at all, the parent's exit still shows here as a new parent."""
+    while True:
+        time.sleep(poll_s)
+        if parent_pid and os.getppid() != parent_pid:
+            stop(state)
 
 
 if __name__ == "__main__":
