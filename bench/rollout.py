@@ -2,7 +2,7 @@
 
     python bench/rollout.py [--problems 128] [--max-nodes 8] [--max-new-tokens 64] [--batch-size 64]
                             [--engine process|inprocess] [--expansions-per-wave 1] [--device cpu] [--repeats 3]
-                            [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N]
+                            [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N] [--skip-wave]
 
 Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
 e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously
@@ -11,7 +11,7 @@ tree per problem, grading every node on public tests in the sandbox; (b) the sam
 search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
 generated tokens/s of both, their ratio (search / raw), and engine starts; (c) the same search with the wave
 schedule (the engines without ``submit``: one generate call per agent per wave, agents in turn), for the ratio of
-the asynchronous search to it.
+the asynchronous search to it (``--skip-wave`` leaves it out: on a GPU it takes as long as (a) and (b) together).
 
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
 as (trees asking it) allow: with two agents, ``--problems`` = 2 × ``--batch-size`` (the defaults) gives each engine
@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--model", default="", help="a shipped config (e.g. Qwen3-1.7B) for both agents, random weights")
     ap.add_argument("--dtype", default=None, help="engine dtype; default bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per engine; default half the cores")
+    ap.add_argument("--skip-wave", action="store_true", help="leave out the wave-schedule search (c)")
     args = ap.parse_args()
 
     import torch
@@ -182,31 +183,36 @@ def main() -> None:
             rows, s_sec = search_once()
             c1 = counters()
             search_runs.append((sum(r["response_len"] for r in rows), s_sec))
+            print(f"run {len(search_runs)}: search {search_runs[-1][0] / s_sec:.1f} tok/s ({s_sec:.1f} s)", flush=True)
             raw_runs.append(raw_once(rows))
             c2 = counters()
             for side, (a, b) in (("search", (c0, c1)), ("raw", (c1, c2))):
                 batching[side] = [t + y - x for t, x, y in zip(batching[side], a, b, strict=True)]
-            wave_runs.append(waves_once())
-            (st, ss), (rt, rs), (wt, ws) = search_runs[-1], raw_runs[-1], wave_runs[-1]
-            print(f"run {len(search_runs)}: search {st / ss:.1f} tok/s, raw {rt / rs:.1f} tok/s, wave search "
-                  f"{wt / ws:.1f} tok/s (search/raw {st / ss / (rt / rs):.2f})", flush=True)
+            if not args.skip_wave:
+                wave_runs.append(waves_once())
+            (st, ss), (rt, rs) = search_runs[-1], raw_runs[-1]
+            wave = f", wave search {wave_runs[-1][0] / wave_runs[-1][1]:.1f} tok/s" if wave_runs else ""
+            print(f"run {len(search_runs)}: search {st / ss:.1f} tok/s, raw {rt / rs:.1f} tok/s{wave} "
+                  f"(search/raw {st / ss / (rt / rs):.2f})", flush=True)
     finally:
         starts = sum(getattr(r.backend, "starts", 1) for r in agents.values())
         for runner in agents.values():
             getattr(runner.backend, "close", lambda: None)()
     search_tokens, search_s = sorted(search_runs, key=lambda x: x[0] / x[1])[len(search_runs) // 2]
     raw_tokens, raw_s = sorted(raw_runs, key=lambda x: x[0] / x[1])[len(raw_runs) // 2]
-    wave_tokens, wave_s = sorted(wave_runs, key=lambda x: x[0] / x[1])[len(wave_runs) // 2]
-    search_tps, raw_tps, wave_tps = search_tokens / search_s, raw_tokens / raw_s, wave_tokens / wave_s
+    search_tps, raw_tps = search_tokens / search_s, raw_tokens / raw_s
     print(f"model={args.model or 'tiny qwen2 + tiny llama'} dtype={dtype} problems={args.problems} "
           f"max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
           f"engine={args.engine} batch_size={args.batch_size} threads/engine={threads} "
           f"expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
     print(f"tree search : {search_tokens:7d} tokens in {search_s:6.2f} s = {search_tps:8.1f} tok/s (incl. public-test grading)")
     print(f"raw engines : {raw_tokens:7d} tokens in {raw_s:6.2f} s = {raw_tps:8.1f} tok/s (every request at once)")
-    print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tps:8.1f} tok/s (one generate call per "
-          f"agent per wave, the same engines)")
-    print(f"ratio search/raw = {search_tps / raw_tps:.2f}   ratio search/wave search = {search_tps / wave_tps:.2f}")
+    if wave_runs:
+        wave_tokens, wave_s = sorted(wave_runs, key=lambda x: x[0] / x[1])[len(wave_runs) // 2]
+        print(f"wave search : {wave_tokens:7d} tokens in {wave_s:6.2f} s = {wave_tokens / wave_s:8.1f} tok/s (one "
+              f"generate call per agent per wave, the same engines)")
+    print(f"ratio search/raw = {search_tps / raw_tps:.2f}" + (
+        f"   ratio search/wave search = {search_tps * wave_s / wave_tokens:.2f}" if wave_runs else ""))
     for side, (steps, rows_stepped, waiting_stepped, prefills, prefill_tokens, columns, context, prefill_s, decode_s,
                _, _) in batching.items():
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
