@@ -566,3 +566,81 @@ def test_an_engine_that_crashes_while_asleep_is_restarted_asleep(tiny_model_dir)
         assert engine.generate(["x"], PARAMS, [1]) and not engine.health()["asleep"]
     finally:
         engine.close()
+
+
+def test_a_restart_that_fails_with_any_error_fails_the_callers_naming_the_agent(tiny_model_dir):
+    """The restart after a crash can fail with something other than EngineError (here its temporary folder is gone,
+    so its log cannot be opened): the callers get an EngineError naming the agent, not a future that never
+    resolves."""
+    import shutil
+
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        shutil.rmtree(engine._folder)
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineError, match="qwen_tiny.*restart failed: FileNotFoundError"):
+            engine.submit("x", PARAMS, 1).result(timeout=60)
+    finally:
+        engine.close()
+
+
+def test_an_answer_that_cannot_be_pickled_reaches_its_caller_as_an_error():
+    """A sample's answer is sent from the engine's own thread, in the request's done-callback; an answer that fails
+    to pickle there was swallowed by ``concurrent.futures``, and the client waited for ever. ``serve`` runs here on a
+    real connection, with an engine whose result is a lock."""
+    from concurrent.futures import Future
+    from multiprocessing import Pipe
+
+    from mars2.backends.engine_server import EngineState, serve
+
+    class LockEngine:
+        def submit(self, prompt, params, seed):
+            future = Future()
+            threading.Timer(0.1, future.set_result, (threading.Lock(),)).start()  # resolved on another thread
+            return future
+
+    ours, theirs = Pipe()
+    state = EngineState(LockEngine(), "model", "v1")
+    server = threading.Thread(target=serve, args=(theirs, state), daemon=True)
+    server.start()
+    ours.send((7, "sample", "v1", "x", vars(PARAMS), 1))
+    assert ours.poll(10), "no answer came"
+    request_id, status, value = ours.recv()
+    assert (request_id, status) == (7, "error") and "could not be sent" in value and "lock" in value
+    ours.close()
+    server.join(10)
+    assert not server.is_alive() and state.connections == 0
+
+
+def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shutdown_hangs(tmp_path):
+    """``engine_server.stop``: nothing may attach to an engine on its way out, so the socket goes before the shutdown;
+    a shutdown that hangs past its grace gives way to SIGKILL of the engine's process group, whatever it started
+    with it (vLLM's engine core and workers)."""
+    address = tmp_path / "engine.sock"
+    address.touch()
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from mars2.backends import engine_server
+
+        class HangingEngine:
+            def shutdown(self):
+                time.sleep(600)
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # in the engine's group
+        print(child.pid, flush=True)
+        engine_server._address = {str(address)!r}
+        engine_server.stop(engine_server.EngineState(HangingEngine(), "model", "v1"), grace_s=2.0)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        deadline = time.monotonic() + 30
+        while address.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not address.exists() and proc.poll() is None, "the socket is removed while the shutdown still runs"
+        assert proc.wait(30) == -signal.SIGKILL
+        assert _gone_within(child, 10), "what the engine started outlived it"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
