@@ -13,8 +13,9 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
-from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineSpec
+from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
 from mars2.io import atomic_write_text
 from tasks.stage import StageContext
 
@@ -32,7 +33,7 @@ class EnginePool:
         self.run_dir = run_dir
         self.service_dir = service_dir
         self.engines: dict[str, EngineClient] = {}
-        self.handed_out: list = []  # every backend of the run, for engine_starts
+        self.handed_out: list = []  # (owner, backend): every backend of the run, for engine_starts
 
     def engine(self, owner: str, model_dir: str, tokenizer_dir: str, version: str, *, device: str, dtype: str,
                batch_size: int, threads: int = 0, **kind) -> EngineClient:
@@ -40,29 +41,43 @@ class EnginePool:
         :class:`EngineSpec` fields of a vLLM engine (kind, python, vllm, stop_token_ids)."""
         engine = self.engines.get(owner)
         if engine is None:
-            engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
-                                             batch_size=batch_size, threads=threads, **kind),
-                                  service_dir=self.service_dir, start_timeout_s=self.start_timeout_s)
+            try:
+                engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
+                                                 batch_size=batch_size, threads=threads, **kind),
+                                      service_dir=self.service_dir, start_timeout_s=self.start_timeout_s)
+            except EngineError as e:  # the failed run's engine_starts still counts the start it paid for
+                self.handed_out.append((owner, SimpleNamespace(starts=e.starts)))
+                raise
             self.engines[owner] = engine
             if self.service_dir is None:  # node services are counted in the run's starts file
-                self.handed_out.append(engine)
+                self.handed_out.append((owner, engine))
         engine.load(model_dir, version)  # in place (an attached node service may hold an earlier version)
         return engine
 
-    def count(self, backend) -> None:
+    def count(self, backend, owner: str) -> None:
         """A backend started outside the pool's engines (in-process, vLLM workers): its starts count too."""
-        self.handed_out.append(backend)
+        self.handed_out.append((owner, backend))
 
     @property
     def starts(self) -> int:
-        """Engines started for the run: by this process, and as node services on pool workers."""
-        own = sum(getattr(b, "starts", 1) for b in self.handed_out)
+        """Engines started for the run: by this process, and on pool workers (node services, and the fresh backends
+        of stages run there), from the run's starts file."""
+        own = sum(getattr(b, "starts", 1) for _, b in self.handed_out)
         node = self.run_dir / STARTS_FILE if self.run_dir is not None else None
         return own + (len(node.read_text().splitlines()) if node is not None and node.exists() else 0)
 
     def close(self) -> None:
+        """Stop (or, for node services, leave) the engines; a stage on a pool worker adds its fresh backends' starts
+        (``backend.persistent=false``: known only now, a vLLM backend starts one worker per call) to the run's
+        starts file, one line per start, as node services do."""
         for engine in self.engines.values():
             engine.close()
+        if self.service_dir is not None and self.handed_out:
+            lines = "".join(f"{owner} {socket.gethostname()} fresh\n"
+                            for owner, backend in self.handed_out for _ in range(getattr(backend, "starts", 1)))
+            self.service_dir.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one write: an atomic append
+                starts.write(lines)
 
 
 def run_engines_dir(ctx: StageContext) -> Path:

@@ -36,7 +36,7 @@ def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: S
     backend, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, engine=engine,
                                  progress=progress, pool=pool, threads=threads)
     if pool is not None and not isinstance(backend, EngineClient):
-        pool.count(backend)
+        pool.count(backend, owner)
     return backend, tok
 
 

@@ -644,3 +644,40 @@ def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shu
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_engine_starts_counts_a_first_start_that_failed(tmp_path):
+    """An engine that exits while starting cost its start (minutes for a 32B vLLM): the failed run's
+    ``engine_starts`` counts it; an interpreter that does not exist started nothing."""
+    from tasks.engines import engine_pool
+
+    with engine_pool(True, None) as pool:
+        with pytest.raises(EngineError, match="exited with code"):
+            pool.engine("qwen_tiny", str(tmp_path / "no-model"), str(tmp_path / "no-model"), "v1", device="cpu",
+                        dtype="float32", batch_size=2)
+        assert pool.starts == 1
+        with pytest.raises(EngineError, match="could not be started"):
+            pool.engine("llama_tiny", str(tmp_path), str(tmp_path), "v1", device="cpu", dtype="float32",
+                        batch_size=2, python="/no/such/python")
+        assert pool.starts == 1
+
+
+def test_a_stage_on_a_pool_worker_adds_its_fresh_backends_starts_to_the_runs_count(tiny_model_dir, tmp_path):
+    """``orchestration=pools`` with ``backend.persistent=false``: the stage's worker loads fresh backends, which
+    its own pool counts; they reach the run's ``engine_starts`` through the run's starts file."""
+    import socket
+
+    from mars2.backends.transformers_backend import load_transformers_backend
+    from tasks.engines import engine_pool, node_engines, run_engines_dir
+    from tasks.stage import StageContext
+
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
+    with node_engines(False, ctx) as stage_pool:  # the stage flow run, on the worker
+        backend, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir), device="cpu")
+        stage_pool.count(backend, "qwen_tiny")
+        stage_pool.count(type("Workers", (), {"starts": 2})(), "llama_tiny")  # a vLLM backend: a worker per call
+    lines = (run_engines_dir(ctx) / "starts").read_text().splitlines()
+    host = socket.gethostname()
+    assert lines == [f"qwen_tiny {host} fresh", f"llama_tiny {host} fresh", f"llama_tiny {host} fresh"]
+    with engine_pool(False, ctx) as run_pool:  # the flow, on its own machine
+        assert run_pool.starts == 3

@@ -58,7 +58,10 @@ STARTS_FILE = "starts"  # in a run's engine folder: one line per node service st
 
 
 class EngineError(RuntimeError):
-    """An engine failed in a way the client cannot repair (named agent, what happened)."""
+    """An engine failed in a way the client cannot repair (named agent, what happened). Raised while a client is
+    being made, ``starts`` is the number of engine processes it had started: a failed start costs its time too."""
+
+    starts: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,12 @@ class EngineClient:
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
         with self._service_lock():  # no reader thread runs before the handshake is done (see _attach)
-            if not self._attach():
-                self._start()
+            try:
+                if not self._attach():
+                    self._start()
+            except EngineError as e:
+                e.starts = self.starts
+                raise
         atexit.register(self.close)
 
     @property
