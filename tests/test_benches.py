@@ -30,3 +30,19 @@ def test_rollout_bench_prints_both_throughputs_the_engine_split_and_engine_start
     assert re.search(r"ratio search/raw = \d+\.\d\d", stdout)
     assert len(re.findall(r"decode thread's CPU per run: prefills +\d+\.\d\d core-s", stdout)) == 2
     assert "engine starts: 2" in stdout
+
+
+def test_rollout_bench_without_the_wave_schedule_still_gives_the_ratio():
+    stdout = run_bench("bench/rollout.py", "--problems", "4", "--max-nodes", "2", "--max-new-tokens", "8",
+                       "--repeats", "1", "--skip-wave")
+    assert re.search(r"ratio search/raw = \d+\.\d\d$", stdout, re.M) and "wave search" not in stdout
+    assert re.search(r"^run 1: search [\d.]+ tok/s \([\d.]+ s\)$", stdout, re.M)  # before the raw run
+
+
+def test_engine_step_bench_profiles_the_decode_thread():
+    """Every row decodes exactly --new-tokens (1 from the prefill, the rest in decode steps), and the host table has
+    the decode thread's matrix products, not only the main thread's waiting."""
+    stdout = run_bench("bench/engine_step.py", "--rows", "4", "--prompt-tokens", "16", "--new-tokens", "4",
+                       "--top", "5")
+    assert re.search(r"forward passes: 3 decode steps \+ 1 prefill\(s\)", stdout)
+    assert "aten::mm" in stdout or "aten::addmm" in stdout
