@@ -7,18 +7,19 @@ The engine is the :class:`~mars2.backends.continuous.ContinuousBatcher` an engin
 per-request seeds, the sampler), on a random-weight model: with ``--model``, a shipped config (real vocabulary),
 else a small Qwen3-architecture one. ``--rows`` requests of ``--prompt-tokens`` random tokens are admitted together
 and each decodes exactly ``--new-tokens`` tokens (no stop token), so every decode step carries ``--rows`` rows. A
-first pass warms up; the second runs under ``torch.profiler``.
+first pass warms up, the second is timed.
 
-Prints the wall time per forward pass; the decode thread's CPU time per decode step; on a GPU, the device's busy
-time (Σ of kernel and copy time) as a share of the wall, which says whether a step waits on the host (a low share)
-or on the device; and the ops with the most self time on the host and on the device. The rollout engine's decode
-step took 36–42 ms on an H100 and 93–101 ms on an H200 (Qwen3-1.7B, about 60 rows; docs/gpu.md): this bench says
-where that goes.
+A third pass runs under ``torch.profiler``. Prints the wall time per forward pass (unprofiled); the decode thread's
+CPU time per decode step; on a GPU, the device's busy time (Σ of kernel and copy time, profiled pass) as a share of
+the wall, which says whether a step waits on the host (a low share) or on the device; and the ops with the most
+self time on the host and on the device. The rollout engine's decode step took 36–42 ms on an H100 and 93–101 ms
+on an H200 (Qwen3-1.7B, about 60 rows; docs/gpu.md): this bench says where that goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 from common import qwen3_config, shipped_config
@@ -80,31 +81,44 @@ def main() -> None:
     model = build_model(args.model, args.device, dtype)
     vocab = model.config.vocab_size
     batcher = ContinuousBatcher(model, pad_id=0, stop_ids=[], device=args.device, max_batch=args.rows)
+
+    def counted(seed: int, **profiler) -> tuple[float, int, int, float, object]:
+        """One pass → (wall s, decode steps, prefills, decode thread CPU s, the profiler or None)."""
+        before = batcher.steps, batcher.prefills, batcher.decode_s
+        with profile(**profiler) if profiler else contextlib.nullcontext() as prof:
+            wall = one_pass(batcher, args.rows, args.prompt_tokens, args.new_tokens, vocab, seed)
+        time.sleep(0.3)  # the decode thread adds a step's CPU time after it has answered the step's requests
+        return (wall, batcher.steps - before[0], batcher.prefills - before[1], batcher.decode_s - before[2], prof)
+
     try:
         one_pass(batcher, args.rows, args.prompt_tokens, args.new_tokens, vocab, seed=1)  # warm-up
-        steps, prefills, decode_s = batcher.steps, batcher.prefills, batcher.decode_s
+        time.sleep(0.3)
+        wall, steps, prefills, decode_s, _ = counted(2)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities, **every_thread()) as prof:
-            wall = one_pass(batcher, args.rows, args.prompt_tokens, args.new_tokens, vocab, seed=2)
-        steps, prefills, decode_s = (batcher.steps - steps, batcher.prefills - prefills, batcher.decode_s - decode_s)
+        wall_profiled, *_, prof = counted(3, activities=activities, **every_thread())
     finally:
         batcher.close()
     events = prof.key_averages()
+    passes = steps + prefills
     print(f"model={args.model or 'small qwen3'} layers={model.config.num_hidden_layers} vocab={vocab} "
           f"device={args.device} dtype={dtype} rows={args.rows} prompt_tokens={args.prompt_tokens} "
-          f"new_tokens={args.new_tokens} (profiled pass)")
+          f"new_tokens={args.new_tokens}")
     print(f"forward passes: {steps} decode steps + {prefills} prefill(s) in {wall * 1e3:.0f} ms: "
-          f"{wall / (steps + prefills) * 1e3:.2f} ms per pass (wall, profiler included); decode thread CPU "
-          f"{decode_s / max(steps, 1) * 1e3:.2f} ms per decode step; torch ops' own CPU "
-          f"{events.self_cpu_time_total / 1e3 / (steps + prefills):.2f} ms per pass (the rest of a pass on the host "
-          f"is Python, launches and waiting)")
+          f"{wall / passes * 1e3:.2f} ms per pass; decode thread CPU {decode_s / max(steps, 1) * 1e3:.2f} ms per "
+          f"decode step (on a GPU this includes launching kernels and waiting for them)")
+    print(f"profiled pass: {wall_profiled * 1e3:.0f} ms; torch ops' own host time "
+          f"{events.self_cpu_time_total / 1e3 / passes:.2f} ms per pass (summed over torch's threads)")
     if cuda:
-        busy = sum(e.self_device_time_total for e in events) / 1e6
-        print(f"device busy {busy * 1e3:.0f} ms of {wall * 1e3:.0f} ms wall ({busy / wall:.0%}): "
-              + ("the device waits on the host" if busy / wall < 0.5 else "the device is the bound"))
+        from torch.autograd import DeviceType
+
+        # the kernels' own rows: the CPU op that launched a kernel carries its time too
+        busy = sum(e.self_device_time_total for e in events
+                   if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e6
+        print(f"device busy {busy * 1e3:.0f} ms of the profiled pass's {wall_profiled * 1e3:.0f} ms "
+              f"({busy / wall_profiled:.0%}; of the unprofiled pass's wall {busy / wall:.0%}): "
+              + ("the device mostly waits on the host" if busy / wall < 0.5 else "the device is most of the step"))
         print(events.table(sort_by="self_device_time_total", row_limit=args.top))
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
-
 
 if __name__ == "__main__":
     main()

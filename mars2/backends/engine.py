@@ -54,7 +54,7 @@ from mars2.backends.base import Generation, SamplingParams, call_seeds, request_
 from mars2.io import atomic_write_text
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
-STARTS_FILE = "starts"  # in a run's engine folder: one line per node service started
+STARTS_FILE = "starts"  # in a run's engine folder: one line per start on a worker ("<agent> <host> <pid>|fresh")
 
 
 class EngineError(RuntimeError):

@@ -258,6 +258,7 @@ def start_engine(spec: dict):
 def main(address: str, spec_json: str) -> None:
     from multiprocessing.connection import Listener
 
+    parent_at_start = os.getppid()  # the client, or an interpreter wrapper that did not exec
     global _address
     _address = address
     spec = json.loads(spec_json)
@@ -270,33 +271,48 @@ def main(address: str, spec_json: str) -> None:
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
-    wait_for_parent(int(spec.get("parent_pid") or 0), state)
+    wait_for_parent(int(spec.get("parent_pid") or 0), parent_at_start, state)
 
 
 def accept_forever(listener, state: EngineState) -> None:
-    """Serve each connection in a thread of its own."""
+    """Serve each connection in a thread of its own; if this loop itself fails, the engine stops (a live engine
+    that no longer accepts would leave its clients waiting in the handshake)."""
     from multiprocessing import AuthenticationError
 
-    while True:
-        try:
-            conn = listener.accept()
-        except (OSError, EOFError, AuthenticationError):
-            continue  # a client that died or failed authentication mid-handshake: the others still come
-        threading.Thread(target=serve, args=(conn, state), daemon=True).start()
+    try:
+        while True:
+            try:
+                conn = listener.accept()
+            except (OSError, EOFError, AuthenticationError):
+                continue  # a client that died or failed authentication mid-handshake: the others still come
+            threading.Thread(target=serve, args=(conn, state), daemon=True).start()
+    except BaseException:
+        stop(state)
 
 
-def wait_for_parent(parent_pid: int, state: EngineState, poll_s: float = 0.5) -> None:
-    """The main thread's loop: stop once re-parented away from ``parent_pid`` (0: a node service, which outlives
-    the stage that started it), else sleep.
+def wait_for_parent(client_pid: int, parent_at_start: int, state: EngineState, poll_s: float = 0.5) -> None:
+    """The main thread's loop: a child engine (``client_pid`` ≠ 0; a node service, 0, outlives the stage that
+    started it) stops once its client has exited or it has been re-parented; else it sleeps.
 
-    Both halves are for signals that could otherwise be lost. Python runs a handler only on the main thread, and
-    only once it runs bytecode: a main thread blocked in ``accept()`` never ran the SIGTERM handler when the kernel
-    delivered the signal to another thread (gVisor may pick any thread). And where the parent-death signal is not
-    honoured at all, the parent's exit still shows here as a new parent."""
+    Both are for signals that could otherwise be lost. Python runs a handler only on the main thread, and only once
+    it runs bytecode: a main thread blocked in ``accept()`` never ran the SIGTERM handler when the kernel delivered
+    the signal to another thread (gVisor may pick any thread). And where the parent-death signal is not honoured at
+    all, the client's exit still shows here. The parent is compared with the one at start, not with the client: an
+    interpreter wrapper that does not exec (``conda run``) sits between them."""
     while True:
         time.sleep(poll_s)
-        if parent_pid and os.getppid() != parent_pid:
+        if client_pid and (os.getppid() != parent_at_start or not alive(client_pid)):
             stop(state)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 if __name__ == "__main__":
