@@ -39,10 +39,15 @@ def test_rollout_bench_without_the_wave_schedule_still_gives_the_ratio():
     assert re.search(r"^run 1: search [\d.]+ tok/s \([\d.]+ s\)$", stdout, re.M)  # before the raw run
 
 
-def test_engine_step_bench_profiles_the_decode_thread():
-    """Every row decodes exactly --new-tokens (1 from the prefill, the rest in decode steps), and the host table has
-    the decode thread's matrix products, not only the main thread's waiting."""
-    stdout = run_bench("bench/engine_step.py", "--rows", "4", "--prompt-tokens", "16", "--new-tokens", "4",
-                       "--top", "5")
-    assert re.search(r"forward passes: 3 decode steps \+ 1 prefill\(s\)", stdout)
-    assert "aten::mm" in stdout or "aten::addmm" in stdout
+def test_the_prepared_gpu_checks_run_the_engine_step_profile_of_the_decode_thread(tmp_path):
+    """bench/gpu_checks.sh (what a lent GPU session runs) on the CPU with the small model: every row decodes exactly
+    32 tokens (1 from the prefill, 31 in decode steps), the host table has the decode thread's matrix products, and
+    the log lands in $OUT with the check's exit status."""
+    out = subprocess.run(["bash", "bench/gpu_checks.sh", "step"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "WHEELS": "0", "DEVICE": "cpu",
+                                           "MODEL": "", "ROWS": "4", "OUT": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "step.log").read_text()
+    assert re.search(r"forward passes: 31 decode steps \+ 1 prefill\(s\)", log)
+    assert "aten::mm" in log or "aten::addmm" in log
+    assert re.search(r"^== step: exit 0 after \d+ s$", log, re.M)
