@@ -6,6 +6,7 @@
 #   bash bench/gpu_checks.sh step kv        # items 5 and 3: about 4 minutes together
 #   bash bench/gpu_checks.sh rollout512     # item 2: a call of its own (up to 9 minutes)
 #   bash bench/gpu_checks.sh update         # item 1: a call of its own (TMPDIR on /dev/shm)
+#   bash bench/gpu_checks.sh orphans        # a bench killed mid-search leaves no engine (about 2 minutes)
 #
 # Wheels under .whl/ (transformers, deepspeed and its needs; docs/gpu.md) are installed to /tmp/site first when
 # present (WHEELS=0: not). DEVICE (default cuda:0) and MODEL (default Qwen3-1.7B; empty: the benches' small model)
@@ -45,9 +46,33 @@ check() {  # check NAME LIMIT_S COMMAND...
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/$name.log"
     [ "$rc" -eq 0 ] || status=$rc
+    last_rc=$rc
 }
 
-status=0  # the last failed check's exit status
+status=0 last_rc=0  # the last failed check's exit status; the last check's
+
+orphans() {  # a rollout bench killed by timeout mid-search must leave no engine process (docs/gpu.md, 3b)
+    local after=$1 left="" before=$status
+    check orphans "$after" python3 bench/rollout.py --device "$DEVICE" $(model_args) --repeats 1 --skip-wave
+    status=$before  # its timeout is the point
+    if [ "$last_rc" -ne 124 ]; then
+        echo "== orphans: the bench was not killed (exit $last_rc): set ORPHAN_AFTER lower" | tee -a "$OUT/orphans.log"
+        status=1
+        return
+    fi
+    for _ in $(seq 1 45); do
+        left=$(pgrep -f "[e]ngine_server" | tr '\n' ' ')
+        [ -z "$left" ] && break
+        sleep 1
+    done
+    if [ -n "$left" ]; then
+        echo "== orphans: engines still running 45 s after the bench was killed: $left" | tee -a "$OUT/orphans.log"
+        for pid in $left; do grep -H -e State -e PPid "/proc/$pid/status"; done 2>&1 | tee -a "$OUT/orphans.log"
+        status=1
+    else
+        echo "== orphans: no engine left" | tee -a "$OUT/orphans.log"
+    fi
+}
 
 for item in "${@:-step kv}"; do
     for name in $item; do
@@ -62,7 +87,8 @@ for item in "${@:-step kv}"; do
                             --expansions-per-wave 1 --repeats 1 --skip-wave --problems 512 ;;
             update) TMPDIR=/dev/shm check update 540 python3 bench/gpu_update.py --repeats 3 \
                         --variants ours,plain,plain_chunked ;;
-            *) echo "unknown check $name (step, kv, rollout128, rollout512, update)" >&2; exit 2 ;;
+            orphans) orphans "${ORPHAN_AFTER:-90}" ;;
+            *) echo "unknown check $name (step, kv, rollout128, rollout512, update, orphans)" >&2; exit 2 ;;
         esac
     done
 done
