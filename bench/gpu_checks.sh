@@ -3,7 +3,7 @@
 # runs under its own time limit, on a GPU cleared of leftover processes first, and writes its log where the device
 # tool brings files back ($OUT). From the repository root on the device machine:
 #
-#   bash bench/gpu_checks.sh step kv        # items 5 and 3: about 4 minutes together
+#   bash bench/gpu_checks.sh step kv        # items 5 and 3: at most 6.5 minutes together
 #   bash bench/gpu_checks.sh rollout512     # item 2: a call of its own (up to 9 minutes)
 #   bash bench/gpu_checks.sh update         # item 1: a call of its own (TMPDIR on /dev/shm)
 #   bash bench/gpu_checks.sh orphans        # a bench killed mid-search leaves no engine (about 2 minutes)
