@@ -250,7 +250,7 @@ class EngineClient:
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}
         if self.service_dir is not None:
             spec.update(stop_file=str(self.service_dir.parent / STOP_FILE), idle_exit_s=self.idle_exit_s)
-        else:  # watched by the engine too: the parent-death signal may be lost (engine_server.wait_for_parent)
+        else:  # watched by the engine too: the parent-death signal may be lost (engine_server.supervise)
             spec.update(parent_pid=os.getpid())
         args = [self.spec.python or sys.executable, "-m", "mars2.backends.engine_server", address, json.dumps(spec)]
         log = open(self._log, "ab")  # noqa: SIM115 - the engine's process owns it

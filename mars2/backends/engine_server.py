@@ -204,19 +204,6 @@ def serve(conn, state: EngineState) -> None:
             handle(state, tuple(message), answer(request_id))
 
 
-def watch(state: EngineState, stop_file: str, idle_exit_s: float) -> None:
-    """A node service's end: its run's STOP file appears, or no stage has been connected for ``idle_exit_s``."""
-    idle_since = time.monotonic()
-    while True:
-        time.sleep(1.0)
-        if os.path.exists(stop_file):
-            stop(state)
-        if state.connections:
-            idle_since = time.monotonic()
-        elif idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
-            stop(state)
-
-
 def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
     so no stage attaches to a service on its way out; a shutdown that hangs for ``grace_s`` gives way to SIGKILL
@@ -265,13 +252,11 @@ def main(address: str, spec_json: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop(None))  # while the model loads (vLLM's children: their group)
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
-    if spec.get("stop_file"):
-        threading.Thread(target=watch, args=(state, spec["stop_file"], float(spec.get("idle_exit_s") or 0)),
-                         daemon=True).start()
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
-    wait_for_parent(int(spec.get("parent_pid") or 0), parent_at_start, state)
+    supervise(state, client_pid=int(spec.get("parent_pid") or 0), parent_at_start=parent_at_start,
+              stop_file=spec.get("stop_file") or "", idle_exit_s=float(spec.get("idle_exit_s") or 0))
 
 
 def accept_forever(listener, state: EngineState) -> None:
@@ -290,18 +275,30 @@ def accept_forever(listener, state: EngineState) -> None:
         stop(state)
 
 
-def wait_for_parent(client_pid: int, parent_at_start: int, state: EngineState, poll_s: float = 0.5) -> None:
-    """The main thread's loop: a child engine (``client_pid`` ≠ 0; a node service, 0, outlives the stage that
-    started it) stops once its client has exited or it has been re-parented; else it sleeps.
+def supervise(state: EngineState, *, client_pid: int = 0, parent_at_start: int = 0, stop_file: str = "",
+              idle_exit_s: float = 0.0, poll_s: float = 0.5) -> None:
+    """The main thread's loop: it sleeps until the engine's end has come, then stops it.
 
-    Both are for signals that could otherwise be lost. Python runs a handler only on the main thread, and only once
-    it runs bytecode: a main thread blocked in ``accept()`` never ran the SIGTERM handler when the kernel delivered
-    the signal to another thread (gVisor may pick any thread). And where the parent-death signal is not honoured at
-    all, the client's exit still shows here. The parent is compared with the one at start, not with the client: an
-    interpreter wrapper that does not exec (``conda run``) sits between them."""
+    - A child engine (``client_pid`` ≠ 0): its client has exited, or it has been re-parented. The parent is
+      compared with the one at start, not with the client: an interpreter wrapper that does not exec (``conda
+      run``) sits between them.
+    - A node service (``stop_file``; it outlives the stage that started it): its run's STOP file appears, or no
+      stage has been connected for ``idle_exit_s``.
+
+    The main thread only sleeps here, for signals that could otherwise be lost: Python runs a handler only on the
+    main thread, and only once it runs bytecode, so a main thread blocked in ``accept()`` never ran the SIGTERM
+    handler when the kernel delivered the signal to another thread (gVisor may pick any thread). And where the
+    parent-death signal is not honoured at all, the client's exit still shows here."""
+    idle_since = time.monotonic()
     while True:
         time.sleep(poll_s)
         if client_pid and (os.getppid() != parent_at_start or not alive(client_pid)):
+            stop(state)
+        if stop_file and os.path.exists(stop_file):
+            stop(state)
+        if state.connections:
+            idle_since = time.monotonic()
+        elif stop_file and idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
             stop(state)
 
 
