@@ -326,6 +326,79 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
             os.killpg(engine_pid, signal.SIGKILL)
 
 
+SLOW_VLLM_LOAD = {  # a stand-in vLLM whose load starts its engine core, then takes "minutes" (a 32B model's)
+    "vllm/__init__.py": "class AsyncEngineArgs:\n    def __init__(self, **kw):\n        self.kw = kw\n",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/engine/__init__.py": "",
+    "vllm/v1/engine/async_llm.py": textwrap.dedent('''
+        import os, subprocess, sys, time
+
+        class AsyncLLM:
+            @classmethod
+            def from_engine_args(cls, args):
+                core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+                with open(os.environ["FAKE_VLLM_LOG"], "w") as f:
+                    f.write(str(core.pid))
+                time.sleep(600)
+    '''),
+}
+
+
+@pytest.mark.parametrize("end", ["its parent dies (no parent-death signal)", "its run's STOP file appears"])
+def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_load_started(tmp_path, end):
+    """A large vLLM model loads for minutes, on the engine's main thread. An end that comes meanwhile (its client
+    dies where the parent-death signal is not honoured, or, for a node service, its run's STOP file appears) is
+    seen by a thread that watches during the load, and the engine's whole group goes: vLLM's engine core, which the
+    load has already started, with it."""
+    for name, text in SLOW_VLLM_LOAD.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    core_log, stop_file = tmp_path / "core.pid", tmp_path / "STOP"
+    ending = "time.sleep(600)" if end.startswith("its parent") else "engine.wait()"
+    script = textwrap.dedent(f"""
+        import dataclasses, json, os, subprocess, sys, time
+        from mars2.backends.engine import EngineSpec
+        spec = dataclasses.asdict(EngineSpec("qwen", "/m", "/m", version="v1", device="cuda", kind="vllm",
+                                             vllm={{"model": "/m"}}))
+        if {end.startswith("its parent")}:
+            spec["parent_pid"] = os.getpid()
+        else:
+            spec.update(stop_file={str(stop_file)!r}, idle_exit_s=900)
+        env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex(), "FAKE_VLLM_LOG": {str(core_log)!r},
+               "PYTHONPATH": {str(tmp_path)!r} + ":" + os.environ.get("PYTHONPATH", "")}}
+        engine = subprocess.Popen([sys.executable, "-m", "mars2.backends.engine_server",
+                                   {str(tmp_path / "engine.sock")!r}, json.dumps(spec)], env=env,
+                                  start_new_session=True)
+        print(engine.pid, flush=True)
+        {ending}
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    engine_pid = int(proc.stdout.readline())
+    core_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (core_log.exists() and core_log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        core_pid = int(core_log.read_text())  # the load has started the engine core and is now "loading"
+        assert _alive(engine_pid) and _alive(core_pid)
+        if end.startswith("its parent"):
+            proc.kill()
+            proc.wait()
+        else:
+            stop_file.touch()
+        assert _gone_within(engine_pid, 10), f"the loading engine outlived {end}"
+        assert _gone_within(core_pid, 10), "the engine core its load started outlived it"
+        assert not (tmp_path / "engine.sock").exists()
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine_pid, signal.SIGKILL)
+        if core_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(core_pid, signal.SIGKILL)
+
+
 def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir):
     """SIGINT to the run's whole process group (Ctrl-C in a terminal, a supervisor's group signal): the engine is
     not in that group, so it is not killed and restarted behind the run's back; the run decides, and its exit stops

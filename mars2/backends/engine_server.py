@@ -249,14 +249,20 @@ def main(address: str, spec_json: str) -> None:
     global _address
     _address = address
     spec = json.loads(spec_json)
+    ends = {"client_pid": int(spec.get("parent_pid") or 0), "parent_at_start": parent_at_start,
+            "stop_file": spec.get("stop_file") or ""}
     signal.signal(signal.SIGTERM, lambda *_: stop(None))  # while the model loads (vLLM's children: their group)
+    loaded = threading.Event()
+    # the main thread is inside the load (minutes for a large vLLM model): another thread watches for the end
+    threading.Thread(target=supervise, args=(None,), kwargs={**ends, "until": loaded}, daemon=True,
+                     name="load-watch").start()
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
+    loaded.set()
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     listener = Listener(address, family="AF_UNIX", authkey=authkey)
     threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
-    supervise(state, client_pid=int(spec.get("parent_pid") or 0), parent_at_start=parent_at_start,
-              stop_file=spec.get("stop_file") or "", idle_exit_s=float(spec.get("idle_exit_s") or 0))
+    supervise(state, **ends, idle_exit_s=float(spec.get("idle_exit_s") or 0))
 
 
 def accept_forever(listener, state: EngineState) -> None:
@@ -275,9 +281,11 @@ def accept_forever(listener, state: EngineState) -> None:
         stop(state)
 
 
-def supervise(state: EngineState, *, client_pid: int = 0, parent_at_start: int = 0, stop_file: str = "",
-              idle_exit_s: float = 0.0, poll_s: float = 0.5) -> None:
-    """The main thread's loop: it sleeps until the engine's end has come, then stops it.
+def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start: int = 0, stop_file: str = "",
+              idle_exit_s: float = 0.0, poll_s: float = 0.5, until: threading.Event | None = None) -> None:
+    """The main thread's loop: it sleeps until the engine's end has come, then stops it. While the model loads
+    (``state`` None), the same watch runs on a thread of its own until ``until`` is set, and an end kills the
+    process group (the load's children with it).
 
     - A child engine (``client_pid`` ≠ 0): its client has exited, or it has been re-parented. The parent is
       compared with the one at start, not with the client: an interpreter wrapper that does not exec (``conda
@@ -290,12 +298,14 @@ def supervise(state: EngineState, *, client_pid: int = 0, parent_at_start: int =
     handler when the kernel delivered the signal to another thread (gVisor may pick any thread). And where the
     parent-death signal is not honoured at all, the client's exit still shows here."""
     idle_since = time.monotonic()
-    while True:
+    while until is None or not until.is_set():
         time.sleep(poll_s)
         if client_pid and (os.getppid() != parent_at_start or not alive(client_pid)):
             stop(state)
         if stop_file and os.path.exists(stop_file):
             stop(state)
+        if state is None:
+            continue
         if state.connections:
             idle_since = time.monotonic()
         elif stop_file and idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
