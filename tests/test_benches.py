@@ -27,7 +27,10 @@ def test_kv_cache_bench_gives_the_same_logits_with_both_caches():
 def test_rollout_bench_prints_both_throughputs_the_engine_split_and_engine_starts():
     stdout = run_bench("bench/rollout.py", "--problems", "4", "--max-nodes", "2", "--max-new-tokens", "8",
                        "--repeats", "1")
-    assert re.search(r"ratio search/raw = \d+\.\d\d", stdout)
+    ratio = float(re.search(r"ratio search/raw = (\d+\.\d\d)", stdout).group(1))
+    run = float(re.search(r"^run 1: .*\(search/raw (\d+\.\d\d)\)$", stdout, re.M).group(1))
+    assert re.search(rf"^search/raw of each run: {run:.2f} \(median {run:.2f}\)$", stdout, re.M)
+    assert abs(ratio - run) < 0.011  # one run: the ratio of the medians is that run's own
     assert len(re.findall(r"decode thread's CPU per run: prefills +\d+\.\d\d core-s", stdout)) == 2
     assert "engine starts: 2" in stdout
 
