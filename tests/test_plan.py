@@ -127,7 +127,7 @@ def test_heterogeneous_32b_plan_fits_the_papers_cluster_one_node_per_agent(no_mo
     for node, a in enumerate(cp.agents):
         assert a.profile.stage == 3 and a.profile.offload_optimizer and a.gpus == 8
         assert [str(s) for s in a.update_spans] == [f"node{node}:GPU0-7"] == [str(s) for s in a.rollout.spans]
-        # MARTI's engines: one per GPU (TP 1), 0.75 of an H200 each; a wave gives each engine 512/8 trees
+        # MARTI's engines: one per GPU (TP 1), 0.75 of an H200 each; each engine may get up to 512/8 trees' requests at once
         assert (a.rollout.tp, a.rollout.replicas, a.rollout.kv.needed_seqs) == (1, 8, 64)
         assert a.rollout.kv.max_seqs >= 1
         assert a.update.states.gpu_bytes == 4 * QWEN3_32B_LARGEST + int(2 * QWEN3_32B / 8)

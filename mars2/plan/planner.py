@@ -232,8 +232,10 @@ def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: i
 
 
 def in_flight(cfg: RunConfig) -> int:
-    """Requests one agent's engines hold at once in a rollout wave: every tree of the cycle asks for its next
-    ``expansions_per_wave`` nodes together (independent sampling: ``n_samples`` per problem)."""
+    """Requests one agent's engines may hold at once in a rollout: every tree of the cycle has up to
+    ``expansions_per_wave`` requests in flight, and each may ask this agent (with m agents the mean share is 1/m,
+    but a tree's agent is drawn per node, so the memory plan takes the bound); independent sampling sends
+    ``n_samples`` per problem."""
     trees = cfg.data.max_train_problems or cfg.search.batch_size
     per_tree = cfg.search.expansions_per_wave if cfg.search.strategy == "ab_mcts" else cfg.search.n_samples
     return trees * per_tree
@@ -270,8 +272,8 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
                            f"{roll.max_model_len} sequence (vLLM refuses to start)")
         elif kv.max_seqs < kv.needed_seqs:
             warnings.append(f"an engine's KV cache holds {kv.max_seqs} sequences of {kv.seq_len} tokens at once, fewer "
-                            f"than the {kv.needed_seqs} requests a rollout wave gives each of the {roll.replicas} "
-                            "engine(s): vLLM queues the rest (slower rollouts)")
+                            f"than the up to {kv.needed_seqs} requests the rollout's trees can send each of the "
+                            f"{roll.replicas} engine(s) at once: vLLM queues the rest (slower rollouts)")
         if roll.tp > p.gpus_per_node:
             warnings.append(f"vLLM tensor parallelism {roll.tp} spans nodes (slow); prefer <= {p.gpus_per_node}")
     elif roll.kv is not None and roll.kv.needed_bytes_per_gpu > max(0, roll.kv.per_gpu_bytes):

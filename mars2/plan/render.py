@@ -71,8 +71,8 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
                              f"{_gb(max(0, kv.per_gpu_bytes))}/GPU = {kv.tokens:,} tokens "
                              f"({per_token / 1024:,.0f} KiB/token, {kv.bytes_per_token_gpu / 1024:,.0f} KiB per GPU)")
         full = f"; {kv.tokens // r.max_model_len} at max_model_len {r.max_model_len}" if r.max_model_len else ""
-        t.add_row("KV at lengths", f"{kv.seq_len} tokens/sequence: {kv.max_seqs:,} sequences at once per engine (a "
-                                   f"rollout wave gives it {kv.needed_seqs}){full}")
+        t.add_row("KV at lengths", f"{kv.seq_len} tokens/sequence: {kv.max_seqs:,} sequences at once per engine (the "
+                                   f"rollout may send it up to {kv.needed_seqs}){full}")
     else:
         t.add_row("rollout", f"transformers on CPU: KV cache {per_token / 1024:,.1f} KiB/token")
     if a.device == "cuda":
