@@ -87,7 +87,7 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
-            # no bar per generate call: the stage shows one display for all its waves (tasks/progress.py)
+            # no bar per generate call: the stage shows one display for all its calls (tasks/progress.py)
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
                                          batch_size=batch_size, engine=engine, progress=False,
                                          threads=threads if m.device.startswith("cpu") else 0)

@@ -37,7 +37,7 @@ def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], 
                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem,
     or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``). ``progress`` is told
-    ``(nodes built, nodes in all)`` after each wave."""
+    ``(nodes built, nodes in all)`` as nodes are built."""
     from mars2.search.sampling import run_independent_sampling
     from mars2.search.tree_search import run_tree_search
 
