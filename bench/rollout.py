@@ -6,13 +6,14 @@
 
 Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
 e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously
-batched engine: a persistent engine process (``--engine process``, what the flows use) or an in-process backend. (a) ``run_tree_search`` builds one
-tree per problem, grading every node on public tests in the sandbox; (b) the same engines get every request the
-search sent (same prompts, same seeds, hence the same tokens) all at once: the engines' raw throughput. Prints
-generated tokens/s of both, their ratio (search / raw: the ratio of the medians, and each run's own ratio of its
-search and raw sides, which ran one after the other and so suffer less from a machine whose speed drifts), and
-engine starts; (c) the same search with the wave schedule (the engines without ``submit``: one generate call per agent per wave, agents in turn), for the ratio of
-the asynchronous search to it (``--skip-wave`` leaves it out: on a GPU it takes as long as (a) and (b) together).
+batched engine: a persistent engine process (``--engine process``, what the flows use) or an in-process backend. (a)
+``run_tree_search`` builds one tree per problem, grading every node on public tests in the sandbox; (b) the same
+engines get every request the search sent (same prompts, same seeds, hence the same tokens) all at once: the
+engines' raw throughput. Prints generated tokens/s of both, their ratio (search / raw: the ratio of the medians, and
+each run's own ratio of its search and raw sides, which ran one after the other and so suffer less from a machine
+whose speed drifts, in run order with their median), and engine starts; (c) the same search with the wave schedule
+(the engines without ``submit``: one generate call per agent per wave, agents in turn), for the ratio of the
+asynchronous search to it (``--skip-wave`` leaves it out: on a GPU it takes as long as (a) and (b) together).
 
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
 as (trees asking it) allow: with two agents, ``--problems`` = 2 × ``--batch-size`` (the defaults) gives each engine
@@ -215,8 +216,9 @@ def main() -> None:
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}" + (
         f"   ratio search/wave search = {search_tps * wave_s / wave_tokens:.2f}" if wave_runs else ""))
     # this machine's speed drifts within one invocation; a run's own search and raw sides are adjacent in time
-    pairs = sorted((st / ss) / (rt / rs) for (st, ss), (rt, rs) in zip(search_runs, raw_runs, strict=True))
-    print(f"search/raw of each run: {' '.join(f'{r:.2f}' for r in pairs)} (median {pairs[len(pairs) // 2]:.2f})")
+    pairs = [(st / ss) / (rt / rs) for (st, ss), (rt, rs) in zip(search_runs, raw_runs, strict=True)]
+    print(f"search/raw of each run: {' '.join(f'{r:.2f}' for r in pairs)} "
+          f"(median {sorted(pairs)[len(pairs) // 2]:.2f})")
     for side, (steps, rows_stepped, waiting_stepped, prefills, prefill_tokens, columns, context, prefill_s, decode_s,
                _, _) in batching.items():
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "

@@ -245,7 +245,7 @@ class EngineClient:
 
         address = str(self._folder / f"engine-{self.starts}.sock")
         env = {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()}
-        spec = asdict(self.spec)
+        spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}
         if self.service_dir is not None:

@@ -207,12 +207,14 @@ def serve(conn, state: EngineState) -> None:
 def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
     so no stage attaches to a service on its way out; a shutdown that hangs for ``grace_s`` gives way to SIGKILL
-    of the process group the engine leads (its children with it). The listener's accept() does not wake up on its
+    of the engine's process group (its children with it). The listener's accept() does not wake up on its
     own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
     if _address:
         with contextlib.suppress(OSError):
             os.unlink(_address)
-    leader = os.getpgid(0) == os.getpid()  # started in a session of its own: its group is the engine's alone
+    # its group is the engine's alone when it was started in a session of its own: by the client (``own_group``;
+    # an interpreter wrapper that does not exec leads it then), or by hand as a group leader
+    leader = _own_group or os.getpgid(0) == os.getpid()
     if state is None and leader:  # still loading: nothing to shut down politely
         os.killpg(0, signal.SIGKILL)
     if leader:
@@ -226,6 +228,7 @@ def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
 
 
 _address = ""  # the engine's socket (set by main)
+_own_group = False  # the client started it in a session of its own (set by main)
 
 
 def start_engine(spec: dict):
@@ -246,16 +249,18 @@ def main(address: str, spec_json: str) -> None:
     from multiprocessing.connection import Listener
 
     parent_at_start = os.getppid()  # the client, or an interpreter wrapper that did not exec
-    global _address
+    global _address, _own_group
     _address = address
     spec = json.loads(spec_json)
+    _own_group = bool(spec.get("own_group"))
     ends = {"client_pid": int(spec.get("parent_pid") or 0), "parent_at_start": parent_at_start,
             "stop_file": spec.get("stop_file") or ""}
     signal.signal(signal.SIGTERM, lambda *_: stop(None))  # while the model loads (vLLM's children: their group)
     loaded = threading.Event()
-    # the main thread is inside the load (minutes for a large vLLM model): another thread watches for the end
-    threading.Thread(target=supervise, args=(None,), kwargs={**ends, "until": loaded}, daemon=True,
-                     name="load-watch").start()
+    if ends["client_pid"] or ends["stop_file"]:
+        # the main thread is inside the load (minutes for a large vLLM model): another thread watches meanwhile
+        threading.Thread(target=supervise, args=(None,), kwargs={**ends, "until": loaded}, daemon=True,
+                         name="load-watch").start()
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
     loaded.set()
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
@@ -298,8 +303,11 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
     handler when the kernel delivered the signal to another thread (gVisor may pick any thread). And where the
     parent-death signal is not honoured at all, the client's exit still shows here."""
     idle_since = time.monotonic()
-    while until is None or not until.is_set():
-        time.sleep(poll_s)
+    while True:
+        if until is None:
+            time.sleep(poll_s)
+        elif until.wait(poll_s):
+            return  # loaded: the main thread watches from here on, and stops the engine politely
         if client_pid and (os.getppid() != parent_at_start or not alive(client_pid)):
             stop(state)
         if stop_file and os.path.exists(stop_file):
