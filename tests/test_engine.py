@@ -304,7 +304,7 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
                                              version="v1"))
         spec["parent_pid"] = os.getpid()
         env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex()}}
-        engine = subprocess.Popen([sys.executable, "-m", "mars2.backends.engine_server",
+        engine = subprocess.Popen([*{wrapper!r}, sys.executable, "-m", "mars2.backends.engine_server",
                                    {str(tmp_path / "engine.sock")!r}, json.dumps(spec)], env=env,
                                   start_new_session=True)
         print(engine.pid, flush=True)
@@ -344,32 +344,35 @@ SLOW_VLLM_LOAD = {  # a stand-in vLLM whose load starts its engine core, then ta
 }
 
 
-@pytest.mark.parametrize("end", ["parent-dies", "stop-file"])
+@pytest.mark.parametrize("end", ["parent-dies", "parent-dies-behind-a-wrapper", "stop-file"])
 def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_load_started(tmp_path, end):
     """A large vLLM model loads for minutes, on the engine's main thread. An end that comes meanwhile (its client
     dies where the parent-death signal is not honoured, or, for a node service, its run's STOP file appears) is
     seen by a thread that watches during the load, and the engine's whole group goes: vLLM's engine core, which the
-    load has already started, with it."""
+    load has already started, with it; also when an interpreter wrapper that does not exec (``conda run``) leads
+    the group instead of the engine."""
     for name, text in SLOW_VLLM_LOAD.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     core_log, stop_file = tmp_path / "core.pid", tmp_path / "STOP"
-    ending = "time.sleep(600)" if end == "parent-dies" else "engine.wait()"
+    ending = "engine.wait()" if end == "stop-file" else "time.sleep(600)"
+    wrapper = ["bash", "-c", '"$@"; exit $?', "wrapper"] if end.endswith("wrapper") else []
     script = textwrap.dedent(f"""
         import dataclasses, json, os, subprocess, sys, time
         from mars2.backends.engine import EngineSpec
         spec = dataclasses.asdict(EngineSpec("qwen", "/m", "/m", version="v1", device="cuda", kind="vllm",
                                              vllm={{"model": "/m"}}))
-        if {end == "parent-dies"}:  # a child engine, whose parent dies with no parent-death signal
+        spec["own_group"] = True  # as the client: started in a session of its own
+        if {end != "stop-file"}:  # a child engine, whose parent dies with no parent-death signal
             spec["parent_pid"] = os.getpid()
         else:  # a node service, whose run's STOP file appears
             spec.update(stop_file={str(stop_file)!r}, idle_exit_s=900)
         env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex(), "FAKE_VLLM_LOG": {str(core_log)!r},
                "PYTHONPATH": {str(tmp_path)!r} + ":" + os.environ.get("PYTHONPATH", "")}}
-        engine = subprocess.Popen([sys.executable, "-m", "mars2.backends.engine_server",
+        engine = subprocess.Popen([*{wrapper!r}, sys.executable, "-m", "mars2.backends.engine_server",
                                    {str(tmp_path / "engine.sock")!r}, json.dumps(spec)], env=env,
                                   start_new_session=True)
-        print(engine.pid, flush=True)
+        print(engine.pid, flush=True)  # the group's leader: the engine, or the wrapper
         {ending}
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -382,7 +385,7 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
             time.sleep(0.05)
         core_pid = int(core_log.read_text())  # the load has started the engine core and is now "loading"
         assert _alive(engine_pid) and _alive(core_pid)
-        if end == "parent-dies":
+        if end != "stop-file":
             proc.kill()
             proc.wait()
         else:
