@@ -304,7 +304,7 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
                                              version="v1"))
         spec["parent_pid"] = os.getpid()
         env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex()}}
-        engine = subprocess.Popen([*{wrapper!r}, sys.executable, "-m", "mars2.backends.engine_server",
+        engine = subprocess.Popen([sys.executable, "-m", "mars2.backends.engine_server",
                                    {str(tmp_path / "engine.sock")!r}, json.dumps(spec)], env=env,
                                   start_new_session=True)
         print(engine.pid, flush=True)
