@@ -215,7 +215,7 @@ def main() -> None:
               f"generate call per agent per wave, the same engines)")
     print(f"ratio search/raw = {search_tps / raw_tps:.2f}" + (
         f"   ratio search/wave search = {search_tps * wave_s / wave_tokens:.2f}" if wave_runs else ""))
-    # this machine's speed drifts within one invocation; a run's own search and raw sides are adjacent in time
+    # a machine's speed can drift within one invocation; a run's own search and raw sides are adjacent in time
     pairs = [(st / ss) / (rt / rs) for (st, ss), (rt, rs) in zip(search_runs, raw_runs, strict=True)]
     print(f"search/raw of each run: {' '.join(f'{r:.2f}' for r in pairs)} "
           f"(median {sorted(pairs)[len(pairs) // 2]:.2f})")
