@@ -8,6 +8,7 @@ what is allowed.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -451,9 +452,15 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
-    if cfg.grading.time_limit_s <= 0 or cfg.grading.workers < 0 or cfg.grading.memory_mb <= 0:
-        _fail("grading.time_limit_s and grading.memory_mb must be > 0 and grading.workers >= 0 (0 = one per core)",
-              f"Got {cfg.grading.time_limit_s}, {cfg.grading.memory_mb} and {cfg.grading.workers}.")
+    from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy, as above
+
+    g = cfg.grading
+    if not (math.isfinite(g.time_limit_s) and MIN_TIME_S <= g.time_limit_s <= MAX_TIME_S
+            and 1 <= g.memory_mb <= MAX_MEMORY_MB and 0 <= g.workers <= MAX_WORKERS):
+        _fail(f"grading.time_limit_s={g.time_limit_s}, grading.memory_mb={g.memory_mb} or "
+              f"grading.workers={g.workers} is out of range",
+              f"Use time_limit_s from {MIN_TIME_S} to {MAX_TIME_S:g} CPU seconds, memory_mb from 1 to {MAX_MEMORY_MB} "
+              f"and workers from 0 (one per core) to {MAX_WORKERS}.")
     _validate_orchestration(cfg.orchestration)
     _validate_plan(cfg.plan)
     _validate_agents(cfg, cuda_available, planning)

@@ -135,6 +135,12 @@ def _parse_tests(qid: str, field: str, items: list[Any]) -> tuple[TestCase, ...]
                 raise _err(qid, field, f"test {k} has no {key!r}")
             if not isinstance(t[key], str):
                 raise _err(qid, field, f"test {k}: {key!r} is a {type(t[key]).__name__}, expected a string")
+        for key in ("input", "output"):
+            try:
+                t[key].encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError as e:
+                raise _err(qid, field, f"test {k}: {key!r} holds a lone surrogate {t[key][e.start]!r} at character "
+                                       f"{e.start}, which is not text") from None
         tt = t["testtype"]
         if tt not in TEST_TYPES:
             raise _err(qid, field, f"test {k}: unknown testtype {tt!r} (expected one of {TEST_TYPES})")

@@ -55,8 +55,12 @@ def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Probl
 
 
 def verdict_metrics(verdicts: pd.DataFrame) -> dict[str, float]:
-    """Pass rate (mean reward) overall and per agent, and the count of each verdict status."""
+    """Pass rate (mean reward) overall and per agent, the count of each verdict status, and ``sandbox_failures``:
+    programs whose slot failed twice (``RE``, "sandbox failure"; a rising count is a host problem, or a policy
+    learning to break its sandbox)."""
     metrics = {f"{agent}/pass_rate": float(g["reward"].mean()) for agent, g in verdicts.groupby("agent")}
     metrics["pass_rate"] = float(verdicts["reward"].mean())
+    if "detail" in verdicts:
+        metrics["sandbox_failures"] = float(verdicts["detail"].str.startswith("sandbox failure").sum())
     metrics.update({f"status/{s}": float(n) for s, n in verdicts["status"].value_counts().items()})
     return metrics

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from mars2.config import ISOLATIONS, PARITIES
 from mars2.data.lcb import LINE_KEY, MALFORMED_KEY, load_problems, read_jsonl_rows
 from mars2.data.schema import Problem
+from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S, Limits
 
 EXIT_OK, EXIT_BAD_ROWS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -58,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="sandbox slots (0 = one per CPU core)")
     p.add_argument("--time-limit", type=float, default=6.0, help="CPU seconds per test (LiveCodeBench: 6)")
     p.add_argument("--memory-mb", type=int, default=1024, help="address space per test, MiB")
+    p.add_argument("--disk-mb", type=int, default=Limits.disk_mb,
+                   help="what a program may keep in its scratch folder, MiB")
     p.add_argument("--parity", choices=PARITIES, default="script",
                    help="script: run programs as real scripts (default); lcb: reproduce LiveCodeBench's harness quirks")
     p.add_argument("--isolation", choices=ISOLATIONS, default="auto")
@@ -81,6 +85,19 @@ def _error_row(qid: Any, line: int, error: str) -> dict[str, Any]:
             "total_tests": 0, "detail": error, "error": error, "verdicts": []}
 
 
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numeric flags, in one line, or None."""
+    if not (math.isfinite(args.time_limit) and MIN_TIME_S <= args.time_limit <= MAX_TIME_S):
+        return f"--time-limit must be a number of CPU seconds from {MIN_TIME_S} to {MAX_TIME_S:g}, got {args.time_limit}"
+    if not 1 <= args.memory_mb <= MAX_MEMORY_MB:
+        return f"--memory-mb must be from 1 to {MAX_MEMORY_MB}, got {args.memory_mb}"
+    if not 1 <= args.disk_mb <= MAX_MEMORY_MB:
+        return f"--disk-mb must be from 1 to {MAX_MEMORY_MB}, got {args.disk_mb}"
+    if not 0 <= args.workers <= MAX_WORKERS:
+        return f"--workers must be from 0 (one per CPU core) to {MAX_WORKERS}, got {args.workers}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.probe:
@@ -92,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: {', '.join(missing)} required (see --help)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.time_limit <= 0 or args.memory_mb <= 0 or args.workers < 0:
-        print("error: --time-limit and --memory-mb must be > 0, --workers >= 0", file=sys.stderr)
+    bad_flag = _bad_flag(args)
+    if bad_flag:
+        print(f"error: {bad_flag}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for path in (args.problems, args.samples):
         if not path.is_file():
@@ -151,9 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         job_rows.append(len(rows) - 1)
     bad_rows += sum(1 for r in rows if r is not None and "error" in r)
 
-    pool = SandboxPool(args.workers or None, args.isolation) if jobs else None
     try:
-        graded = grade_many_detailed(jobs, executor=pool, time_limit_s=args.time_limit, memory_mb=args.memory_mb,
+        pool = SandboxPool(args.workers or None, args.isolation) if jobs else None
+    except (RuntimeError, ValueError) as e:
+        print(f"error: the sandbox cannot start here: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        graded = grade_many_detailed(jobs, executor=pool, limits=Limits(time_s=args.time_limit,
+                                                                        memory_mb=args.memory_mb,
+                                                                        disk_mb=args.disk_mb),
                                      parity=args.parity, stop_at_first_failure=args.stop_at_first_failure,
                                      progress=args.progress) if jobs else []
     finally:
@@ -166,12 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         row.update(passed=v.all_passed, status=v.status, passed_tests=v.passed, total_tests=v.total, detail=v.detail,
                    verdicts=[t.to_dict() for t in result.tests])
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(args.out)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        tmp.replace(args.out)
+    except OSError as e:
+        print(f"error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     n_pass = sum(1 for r in rows if r and r.get("passed"))
     print(f"graded {len(jobs)} of {len(rows)} samples ({n_pass} passed) -> {args.out}"
           + (f"; {bad_rows} unusable row(s), see above / the error fields" if bad_rows else ""), file=sys.stderr)

@@ -41,7 +41,7 @@ from typing import Any
 from mars2.config import PARITIES
 from mars2.data.schema import TestCase
 from mars2.sandbox.compare import MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches
-from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, SandboxStartError, TestRun, shared_pool
+from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, TestRun, shared_pool
 from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, Verdict
 
 ERROR_TAIL_LINES = 10
@@ -99,9 +99,22 @@ class _Prepared:
     expected: Any
 
 
+def _text_bytes(text: str, what: str, index: int) -> bytes:
+    """``text`` as the bytes a program reads (UTF-8; a lone low surrogate U+DC80..U+DCFF stands for the byte it
+    escapes, as Python decodes undecodable input). A lone high surrogate is not text: unusable test data."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise TestDataError(f"test {index}: its {what} holds a lone surrogate {text[e.start]!r} at character "
+                            f"{e.start}, which is not text a program could read or print") from None
+
+
 def _prepare(test: TestCase, func_name: str | None, index: int, parity: str) -> _Prepared:
+    if not isinstance(test, TestCase) or not isinstance(test.input, str) or not isinstance(test.output, str):
+        raise TestDataError(f"test {index}: not a TestCase with text input and output ({test!r:.80})")
     if test.testtype == "stdin":
-        return _Prepared("stdin", test.input.encode("utf-8", "surrogateescape"), test.output)
+        _text_bytes(test.output, "expected output", index)
+        return _Prepared("stdin", _text_bytes(test.input, "input", index), test.output)
     if test.testtype != "functional":
         raise TestDataError(f"test {index}: unknown testtype {test.testtype!r}")
     if not func_name:
@@ -114,11 +127,15 @@ def _prepare(test: TestCase, func_name: str | None, index: int, parity: str) -> 
     except ValueError as e:
         raise TestDataError(f"test {index}: functional input/output is not JSON ({e})") from None
     payload = test.input if parity == "lcb" else "\n".join(line for line in test.input.split("\n") if line.strip())
-    return _Prepared("functional", payload.encode("utf-8"), expected)
+    return _Prepared("functional", _text_bytes(payload, "input", index), expected)
 
 
 def validate_job(job: GradeJob, parity: str = "script") -> None:
     """Raise :class:`TestDataError` if ``job``'s tests cannot be used (nothing is run)."""
+    if job.code is not None and not isinstance(job.code, str):
+        raise TestDataError(f"the program is a {type(job.code).__name__}, not text")
+    if job.func_name is not None and not isinstance(job.func_name, str):
+        raise TestDataError(f"func_name is a {type(job.func_name).__name__}, not text")
     kinds = set()
     for i, test in enumerate(job.tests, start=1):
         kinds.add(_prepare(test, job.func_name, i, parity).mode)
@@ -156,7 +173,7 @@ def _judge(run: TestRun, test: TestCase, prepared: _Prepared, limits: Limits) ->
         return CE, f"compile error\n{_tail(run.error)}"
     if run.status == "MLE":
         return MLE, f"memory limit exceeded ({limits.memory_mb} MiB)\n{shown_input}\n{_tail(run.error)}"
-    if run.status == "OLE":
+    if run.status in ("OLE", "QUOTA"):
         return RE, f"runtime error: {run.error}\n{shown_input}"
     return RE, f"runtime error\n{shown_input}\n{_tail(run.error)}"
 
@@ -227,17 +244,13 @@ def grade_detailed(
 
     slot = pool.acquire()
     try:
-        run = slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
-                       inputs=[p.payload for p in prepared], on_result=on_result, isolate_tests=isolate_tests)
-    except SandboxStartError:
-        raise  # infrastructure: never a verdict
-    except SandboxError as e:  # the zygote died twice while running this program (it may have caused it)
+        slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
+                 inputs=[p.payload for p in prepared], on_result=on_result, isolate_tests=isolate_tests)
+    except SandboxError as e:  # twice, on a fresh zygote: this program's verdict (the pool counts it and warns)
         return Graded(Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}"))
     finally:
         pool.release(slot)
     elapsed = time.monotonic() - start
-    if run.compile_error is not None:
-        return Graded(Verdict(CE, 0, total, elapsed, f"test 1/{total}: compile error\n{_tail(run.compile_error)}"))
     if not first_failure:
         return Graded(Verdict(AC, passed, total, elapsed, ""), tuple(outcomes))
     status, detail = first_failure[0]
@@ -298,19 +311,23 @@ def grade_many_detailed(
     parity: str = "script",
     isolation: str = "auto",
     isolate_tests: bool = False,
+    limits: Limits | None = None,
 ) -> list[Graded]:
     """:func:`grade_many` with the per-test outcomes. ``progress``: True for a tqdm bar, or a callable told
-    ``(graded, total)`` after each program (a caller's own display)."""
+    ``(graded, total)`` after each program (a caller's own display). ``limits``: every per-test limit at once
+    (replaces ``time_limit_s`` and ``memory_mb``)."""
     jobs = list(jobs)
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 1 (or 0/None for one per core), got {workers}")
     if parity not in PARITIES:
         raise ValueError(f"parity={parity!r} is unknown; use one of {PARITIES}")
+    limits = limits or Limits(time_s=time_limit_s, memory_mb=memory_mb)
+    for i, job in enumerate(jobs):  # every job's tests are checked before anything runs
+        try:
+            validate_job(job, parity)
+        except TestDataError as e:
+            raise TestDataError(f"job {i}, {e}") from None
     pool = executor or shared_pool(workers or None, isolation)
-    limits = Limits(time_s=time_limit_s, memory_mb=memory_mb)
-    # validate every job's tests before running anything
-    for job in jobs:
-        validate_job(job, parity)
     results: list[Graded | None] = [None] * len(jobs)
     bar = None
     if progress is True:
@@ -358,12 +375,13 @@ def grade_many_detailed(
 def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
     """Grade many programs concurrently; the verdicts come back in the order of ``jobs``. ``options`` are those of
     :func:`grade_many_detailed` (workers, time_limit_s, memory_mb, progress, executor, stop_at_first_failure, parity,
-    isolation, isolate_tests).
+    isolation, isolate_tests, limits).
 
     ``workers`` sandbox slots (``None``/0: one per CPU core) each grade one job at a time (its
     tests sequentially). ``progress=True`` shows a tqdm bar. Every job's tests are validated first:
-    a :class:`TestDataError` is raised before anything runs. ``executor``: a
-    :class:`~mars2.sandbox.pool.SandboxPool` to use instead of the shared one.
+    a :class:`TestDataError` naming the job and the test is raised before anything runs. After that one verdict
+    comes back per job whatever the programs do: a program that breaks its slot twice is ``RE`` ("sandbox
+    failure"). ``executor``: a :class:`~mars2.sandbox.pool.SandboxPool` to use instead of the shared one.
     """
     return [g.verdict for g in grade_many_detailed(jobs, **options)]
 

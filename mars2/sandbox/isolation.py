@@ -15,11 +15,12 @@ writable cgroups (v1 or v2). :func:`choose_level` turns a requested level (``aut
     namespace and tests run as that user.
 ``process``
     The zygote is a plain child process (for hosts where bubblewrap cannot create namespaces, e.g.
-    Docker's default seccomp profile). Tests still get rlimits, their own session, a scratch
-    directory, a scrubbed environment, seccomp (when available: also no process creation when no
-    dedicated uid is possible, and no ``kill(-1)``), Landlock (read-only view of the interpreter,
-    read-write scratch, no TCP, signals scoped to the test when the ABI allows) and a dedicated uid
-    when the interpreter is reachable by one.
+    Docker's default seccomp profile). Tests still get rlimits, their own session, a private scratch
+    folder, a scrubbed environment, no capabilities, seccomp (also no process creation when no dedicated
+    uid is possible, and no ``kill(-1)``), Landlock (read-only view of the interpreter, writes only in the
+    program's own folder, no TCP, signals scoped to the test) and a dedicated uid when the interpreter is
+    reachable by one. ``auto`` falls back to it only where it holds what ``bwrap`` holds
+    (:func:`process_level_gaps` is empty); ``isolation=process`` takes it as it is, with a warning.
 
 See ``docs/sandbox.md`` for what each level protects against and what a GPU worker or a Docker
 deployment should enable.
@@ -64,8 +65,12 @@ CHILD_ENV = {
     "MALLOC_ARENA_MAX": "2",  # glibc: 64 MiB of address space per thread arena otherwise
 }
 
+SLOT_PARENT = "mars2-sandbox"  # <tmp>/mars2-sandbox/<pid>-<slot>-<random>/: the process level's slot folders
+STALE_UNLOCKED_S = 60.0  # a slot folder with no lock file this old was left by a grader killed at its start
+
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, Any] | None = None
+_warned: set[str] = set()
 
 
 def python_executable() -> str:
@@ -166,6 +171,82 @@ def kill_uid_processes(uid: int) -> int:
         except (OSError, ValueError):
             continue
     return killed
+
+
+# --- slot folders (process level) ------------------------------------------------------------------
+
+
+def slot_parent() -> str:
+    return os.path.join(tempfile.gettempdir(), SLOT_PARENT)
+
+
+class SlotDir:
+    """A ``process``-level slot's folder on the host, ``<tmp>/mars2-sandbox/<pid>-<slot>-<random>/``, which holds the
+    zygote's scratch root. The grader holds an ``flock`` on its ``lock`` file for as long as the slot lives; the
+    grader removes it on close, the zygote when the grader goes away, and :func:`reclaim_stale_slot_dirs` when both
+    were killed. Folders are ``0711``: a program passes through them to its own scratch folder, lists none."""
+
+    def __init__(self, index: int) -> None:
+        parent = slot_parent()
+        os.makedirs(parent, mode=0o711, exist_ok=True)
+        self.path = tempfile.mkdtemp(prefix=f"{os.getpid()}-{index}-", dir=parent)
+        os.chmod(self.path, 0o711)
+        self._lock: int | None = os.open(os.path.join(self.path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+
+    def remove(self) -> None:
+        _remove_tree(self.path)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def reclaim_stale_slot_dirs(parent: str | None = None) -> int:
+    """Remove the slot folders under ``parent`` (default :func:`slot_parent`) whose grader is gone (their lock is
+    free, or they have had none for ``STALE_UNLOCKED_S``). Returns how many were removed."""
+    import time
+
+    parent = parent or slot_parent()
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            try:
+                stale = time.time() - os.lstat(path).st_mtime > STALE_UNLOCKED_S
+            except OSError:
+                continue
+            if stale:
+                _remove_tree(path)
+                removed += 1
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live grader holds it
+        finally:
+            os.close(fd)
+        _remove_tree(path)
+        removed += 1
+    return removed
+
+
+def _remove_tree(path: str) -> None:
+    """Remove ``path`` whole, even folders a program made unreadable."""
+    for root, dirs, _ in os.walk(path):
+        for d in dirs:
+            try:
+                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # --- cgroups --------------------------------------------------------------------------------------
@@ -400,19 +481,62 @@ def probe_isolation(refresh: bool = False) -> dict[str, Any]:
         result.update(_probe_kernel())
         result.update(_cgroup_support())
         result["process_dedicated_uid"] = root and all(reachable_by_others(p) for p in python_roots() + [SANDBOX_DIR])
-        result["level"] = "bwrap" if result.get("bwrap") else "process"
+        result["process_gaps"] = process_level_gaps(result)
+        result["level"] = "bwrap" if result.get("bwrap") else "process" if not result["process_gaps"] else None
         _probe_cache = result
         return dict(result)
 
 
+def process_level_gaps(probe: dict[str, Any]) -> list[str]:
+    """What the ``process`` level would miss on this host to hold what the ``bwrap`` level holds (empty: nothing).
+
+    It needs seccomp (no sockets, nothing aimed at another process, no process creation without a dedicated uid),
+    Landlock (filesystem: read-only system paths, writes only in the program's own folder), and either a dedicated
+    uid per slot or Landlock ABI >= 6 (signals scoped to the test: a test running as the grader's uid could
+    otherwise signal the grader's other processes)."""
+    gaps = []
+    if not probe.get("seccomp"):
+        gaps.append("seccomp filters cannot be installed")
+    abi = int(probe.get("landlock_abi") or 0)
+    if abi < 1:
+        gaps.append("Landlock is not available (kernel >= 5.13 with the landlock LSM enabled)")
+    elif abi < 6 and not probe.get("process_dedicated_uid"):
+        gaps.append(f"Landlock ABI {abi} cannot scope signals (ABI >= 6, kernel >= 6.12) and no dedicated uid is "
+                    "possible (run as root, with Python readable by other users)")
+    return gaps
+
+
 def choose_level(requested: str, probe: dict[str, Any]) -> str:
+    """The level a pool uses: ``auto`` is ``bwrap`` where bubblewrap works, else ``process`` where that level holds
+    the same guarantees (:func:`process_level_gaps`), else an error saying what is missing; ``bwrap`` and
+    ``process`` are taken as asked (``bwrap`` fails where it does not work)."""
     if requested not in LEVELS:
         raise ValueError(f"isolation={requested!r} is unknown; use one of {LEVELS}")
     if requested == "auto":
+        if probe.get("level") is None:
+            raise RuntimeError(
+                "no sandbox level that holds the grader's guarantees works on this host: bubblewrap cannot run "
+                f"({probe.get('bwrap_error')}), and the process level lacks: {'; '.join(probe.get('process_gaps', []))}. "
+                "Install bubblewrap (apt-get install bubblewrap; in Docker see docs/sandbox.md), or pass "
+                "isolation=process to accept the weaker guarantees docs/sandbox.md lists for it.")
         return str(probe["level"])
     if requested == "bwrap" and not probe.get("bwrap"):
         raise RuntimeError(f"isolation=bwrap requested but bubblewrap does not work here: {probe.get('bwrap_error')}")
     return requested
+
+
+def warn_once_if_weaker(level: str, probe: dict[str, Any], requested: str) -> None:
+    """Log, once per process and level, that programs are graded at a level weaker than ``bwrap``."""
+    if level == "bwrap" or level in _warned:
+        return
+    _warned.add(level)
+    gaps = probe.get("process_gaps") or []
+    log.warning(
+        "SANDBOX: untrusted programs are graded at the %r isolation level (isolation=%s; bubblewrap: %s). %s "
+        "See docs/sandbox.md for what each level guarantees.", level, requested,
+        "works" if probe.get("bwrap") else probe.get("bwrap_error", "unavailable"),
+        f"This host leaves it WEAKER than bwrap: {'; '.join(gaps)}." if gaps else
+        "It holds the same guarantees here (seccomp, Landlock, no capabilities), without namespaces.")
 
 
 def describe(level: str, probe: dict[str, Any]) -> dict[str, str]:
@@ -423,16 +547,18 @@ def describe(level: str, probe: dict[str, Any]) -> dict[str, str]:
         fs = "read-only view, private tmpfs"
     else:
         namespaces = "none"
-        uid = "dedicated-per-slot" if probe.get("process_dedicated_uid") else "caller"
-        fs = "landlock" if probe.get("landlock_abi") else "host (scratch cwd only by convention)"
+        uid = "dedicated-per-slot" if probe.get("process_dedicated_uid") else "caller, no capabilities"
+        fs = ("landlock: read-only system paths, writes only in the program's own folder" if probe.get("landlock_abi")
+              else "host (scratch cwd only by convention)")
     return {
         "sandbox.isolation": level,
         "sandbox.namespaces": namespaces,
         "sandbox.uid": uid,
         "sandbox.filesystem": fs,
         "sandbox.network": "none (loopback only)" if level == "bwrap" else (
-            "no TCP, no sockets but AF_UNIX" if probe.get("seccomp") else "host network"),
+            "no sockets (seccomp)" if probe.get("seccomp") else "host network"),
         "sandbox.seccomp": "on" if probe.get("seccomp") else "off",
         "sandbox.landlock_abi": str(probe.get("landlock_abi", 0) if level == "process" else "unused"),
         "sandbox.cgroup": str(probe.get("cgroup") or "none"),
+        "sandbox.gaps": "none" if level == "bwrap" else ("; ".join(probe.get("process_gaps") or []) or "none"),
     }

@@ -6,18 +6,20 @@ a dedicated uid (when the grader runs as root), optionally a cgroup, and one zyg
 spoken to in :mod:`mars2.sandbox.runner.wire` frames. :meth:`Slot.run` sends one program, then its tests
 one at a time, handing each raw result (stdout bytes or typed return value) to a callback that compares
 it with the expected output *in this process* and says whether to go on.
-A zygote that dies or stops answering is killed and restarted; the program it was running is retried
-once on the fresh zygote, then reported as a sandbox failure.
+A zygote that dies, stops answering, or reports that it could not confine a test process (decided from its own
+checks, never from anything a program controls) is killed and restarted; the program it was running is retried once
+on the fresh zygote, then reported as that program's sandbox failure (:class:`SandboxError`), which the grader turns
+into an ``RE`` verdict: one program never takes a batch down.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -37,13 +39,19 @@ START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
 
 
+MIN_TIME_S = 0.05  # below this a CPU-time limit cannot be measured (the clock ticks every 10 ms)
+MAX_TIME_S = 3600.0
+MAX_MEMORY_MB = 1 << 20
+MAX_WORKERS = 256
+
+
 class SandboxError(RuntimeError):
-    """The sandbox itself failed (zygote died or stopped answering), not the program."""
+    """The sandbox itself failed (zygote died, stopped answering, or could not confine a test process), not the
+    program: retried once on a fresh zygote, then the program's ``RE`` ("sandbox failure") verdict."""
 
 
 class SandboxStartError(SandboxError):
-    """The sandbox cannot start or cannot confine a test at all: an infrastructure failure, raised to the
-    caller (never turned into a verdict: it would silently make every reward zero)."""
+    """A slot's zygote could not start at all."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,12 @@ class Limits:
     ``time_s``: CPU time (user + system) a test may use; also LiveCodeBench's alarm in
     ``parity=lcb``. ``wall_s``: wall-clock cap per test (default ``2 * time_s + 1``: time limits are
     judged on CPU time so that a loaded machine does not turn correct programs into timeouts, the
-    wall clock only catches sleeping or blocked programs). ``memory_mb``: address space available to
-    the program (``RLIMIT_AS``, on top of the warmed interpreter's own). ``output_bytes``: cap on
-    stdout, on any file written, and on a functional return value. ``nproc``: processes + threads
-    of the slot's uid (when it has a dedicated one). ``nofile``: open descriptors.
+    wall clock only catches sleeping or blocked programs), between ``MIN_TIME_S`` and ``MAX_TIME_S``.
+    ``memory_mb``: address space available to the program (``RLIMIT_AS``, on top of the warmed interpreter's
+    own). ``output_bytes``: cap on stdout, on any file written, and on a functional return value. ``nproc``:
+    processes + threads of the slot's uid (when it has a dedicated one). ``nofile``: open descriptors.
+    ``disk_mb`` and ``max_files``: what a program may hold in its scratch folder at once (bytes on disk, files and
+    folders); more ends the test as ``QUOTA``.
     """
 
     time_s: float = 6.0
@@ -65,16 +75,21 @@ class Limits:
     wall_s: float | None = None
     nproc: int = 256
     nofile: int = 256
+    disk_mb: int = 32
+    max_files: int = 512
 
     def __post_init__(self) -> None:
-        if not self.time_s > 0:
-            raise ValueError(f"time_s must be > 0, got {self.time_s}")
-        if self.memory_mb <= 0:
-            raise ValueError(f"memory_mb must be > 0, got {self.memory_mb}")
-        if self.output_bytes <= 0:
-            raise ValueError(f"output_bytes must be > 0, got {self.output_bytes}")
-        if self.wall_s is not None and not self.wall_s > 0:
-            raise ValueError(f"wall_s must be > 0, got {self.wall_s}")
+        if not (isinstance(self.time_s, (int, float)) and math.isfinite(self.time_s)
+                and MIN_TIME_S <= self.time_s <= MAX_TIME_S):
+            raise ValueError(f"time_s must be a number of seconds from {MIN_TIME_S} to {MAX_TIME_S:g}, "
+                             f"got {self.time_s!r}")
+        if self.wall_s is not None and not (math.isfinite(self.wall_s) and self.wall_s >= MIN_TIME_S):
+            raise ValueError(f"wall_s must be finite and >= {MIN_TIME_S}, got {self.wall_s!r}")
+        for name, top in (("memory_mb", MAX_MEMORY_MB), ("output_bytes", 1 << 40), ("disk_mb", MAX_MEMORY_MB),
+                          ("max_files", 1 << 20), ("nproc", 1 << 16), ("nofile", 1 << 16)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= top):
+                raise ValueError(f"{name} must be a whole number from 1 to {top}, got {value!r}")
 
     @property
     def wall(self) -> float:
@@ -82,14 +97,15 @@ class Limits:
 
     def to_wire(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "wall_s": self.wall, "memory_mb": self.memory_mb,
-                "output_bytes": self.output_bytes, "nproc": self.nproc, "nofile": self.nofile}
+                "output_bytes": self.output_bytes, "nproc": self.nproc, "nofile": self.nofile,
+                "disk_bytes": self.disk_mb * MIB, "max_files": self.max_files}
 
 
 @dataclass
 class TestRun:
     """What the sandbox reports for one test: ``status`` is ``ok`` (compare ``output``), ``TLE``,
-    ``RE``, ``MLE``, ``CE``, ``OLE`` (output limit) or ``SIGNAL`` (killed by a signal; ``MLE`` when
-    the slot's cgroup saw an OOM kill)."""
+    ``RE``, ``MLE``, ``CE``, ``OLE`` (output limit), ``QUOTA`` (the scratch folder's disk or file quota) or
+    ``SIGNAL`` (killed by a signal; ``MLE`` when the slot's cgroup saw an OOM kill)."""
 
     __test__ = False
 
@@ -102,7 +118,6 @@ class TestRun:
 
 @dataclass
 class ProgramRun:
-    compile_error: str | None = None
     tests: list[TestRun] = field(default_factory=list)
 
 
@@ -152,8 +167,8 @@ class Slot:
         self.chan: _Channel | None = None
         self.lease: isolation.UidLease | None = None
         self.cgroup: isolation.SlotCgroup | None = None
-        self.tmp_dir: str | None = None
-        self.log_path: str | None = None
+        self.dir: isolation.SlotDir | None = None
+        self.log: Any = None
         self.info: dict[str, Any] = {}
         self.starts = 0
         self.cgroup_memory_mb = 0
@@ -166,55 +181,71 @@ class Slot:
 
     # ---- life cycle -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def _uid(self) -> int | None:
+        """The slot's dedicated uid (leased once), or None when tests run as the grader's own uid."""
+        probe = self.pool.probe
+        if not (probe["root"] and (self.pool.level == "bwrap" or probe.get("process_dedicated_uid"))):
+            return None
+        if self.lease is None:
+            self.lease = isolation.UidLease()
+            if self.pool.level == "process":
+                isolation.kill_uid_processes(self.lease.uid)
+        return self.lease.uid
+
+    def _ensure_cgroup(self, uid: int | None) -> None:
+        pool = self.pool
+        if self.cgroup is not None or not pool.probe.get("cgroup") or not pool.use_cgroups:
+            return
+        try:
+            name = f"slot-{uid}" if uid is not None else f"pid{os.getpid()}-slot{self.index}"
+            self.cgroup = isolation.SlotCgroup(pool.probe["cgroup"], name, self._cgroup_memory(pool.memory_ceiling_mb),
+                                               pool.nproc_ceiling + 64)
+            self.cgroup_memory_mb = pool.memory_ceiling_mb
+        except OSError as e:
+            log.warning("sandbox slot %d: cgroup not usable (%s); continuing without", self.index, e)
+            self.cgroup = None
+
+    def zygote_config(self) -> dict[str, Any]:
+        """The configuration the slot's zygote starts with (:class:`mars2.sandbox.runner.zygote.Zygote`): the
+        tests' uid, the scratch root (bubblewrap's private ``/tmp``, or this slot's host folder at the ``process``
+        level, which the zygote removes if the grader goes away) and the confinement it applies."""
         pool = self.pool
         probe = pool.probe
-        uid = None
-        if probe["root"] and (pool.level == "bwrap" or probe.get("process_dedicated_uid")):
-            if self.lease is None:
-                self.lease = isolation.UidLease()
-                if pool.level == "process":
-                    isolation.kill_uid_processes(self.lease.uid)
-            uid = self.lease.uid
-        if self.cgroup is None and probe.get("cgroup") and pool.use_cgroups:
-            try:
-                name = f"slot-{uid}" if uid is not None else f"pid{os.getpid()}-slot{self.index}"
-                self.cgroup = isolation.SlotCgroup(
-                    probe["cgroup"], name, self._cgroup_memory(pool.memory_ceiling_mb), pool.nproc_ceiling + 64)
-                self.cgroup_memory_mb = pool.memory_ceiling_mb
-            except OSError as e:
-                log.warning("sandbox slot %d: cgroup not usable (%s); continuing without", self.index, e)
-                self.cgroup = None
-        if self.tmp_dir is None:
-            self.tmp_dir = tempfile.mkdtemp(prefix=f"mars2-slot{self.index}-")
-            os.chmod(self.tmp_dir, 0o755)
-        self.log_path = os.path.join(self.tmp_dir, "zygote.log")
-        cfg: dict[str, Any] = {
-            "uid": uid, "gid": uid, "sys_path": isolation.site_paths(), "env": isolation.CHILD_ENV,
-            "seccomp": bool(probe.get("seccomp")),
-        }
+        uid = self._uid()
+        cfg: dict[str, Any] = {"uid": uid, "gid": uid, "sys_path": isolation.site_paths(), "env": isolation.CHILD_ENV,
+                               "seccomp": bool(probe.get("seccomp"))}
         if pool.level == "bwrap":
-            cfg.update(pidns=True, scratch_root=isolation.SCRATCH_IN_BWRAP, deny_fork=False)
+            cfg.update(pidns=True, scratch_root=isolation.SCRATCH_IN_BWRAP, private_scratch_fs=True, deny_fork=False)
+            return cfg
+        if self.dir is None:
+            self.dir = isolation.SlotDir(self.index)
+        read_paths = isolation.python_roots() + [isolation.SANDBOX_DIR, "/usr", "/lib", "/lib64", "/bin",
+                                                 "/etc/ld.so.cache", "/etc/localtime", "/dev/null",
+                                                 "/dev/urandom", "/dev/zero"]
+        cfg.update(pidns=False, scratch_root=os.path.join(self.dir.path, "scratch"), private_scratch_fs=False,
+                   remove_on_exit=self.dir.path, deny_fork=uid is None, landlock=bool(probe.get("landlock_abi")),
+                   landlock_read=read_paths)
+        return cfg
+
+    def start(self) -> None:
+        cfg = self.zygote_config()
+        self._ensure_cgroup(cfg["uid"])
+        if self.pool.level == "bwrap":
             runner = os.path.join(isolation.MOUNTED_SANDBOX_DIR, "_runner.py")
-            spec = isolation.SandboxSpec("bwrap", probe["root"], tmpfs_bytes=pool.tmpfs_bytes)
+            spec = isolation.SandboxSpec("bwrap", self.pool.probe["root"], tmpfs_bytes=self.pool.tmpfs_bytes)
             argv = isolation.bwrap_argv(spec, isolation.runner_command(runner, cfg))
             env = {"PATH": os.environ.get("PATH", os.defpath)}
+            cwd = "/"
         else:
-            scratch = os.path.join(self.tmp_dir, "scratch")
-            os.makedirs(scratch, exist_ok=True)
-            read_paths = isolation.python_roots() + [isolation.SANDBOX_DIR, "/usr", "/lib", "/lib64", "/bin",
-                                                     "/etc/ld.so.cache", "/etc/localtime", "/dev/null",
-                                                     "/dev/urandom", "/dev/zero"]
-            cfg.update(pidns=False, scratch_root=scratch, deny_fork=uid is None,
-                       landlock=bool(probe.get("landlock_abi")), landlock_read=read_paths)
             argv = isolation.runner_command(isolation.RUNNER_PATH, cfg)
             env = dict(isolation.CHILD_ENV)
+            cwd = self.dir.path if self.dir is not None else "/"
+        if self.log is None:  # the zygote's stderr: unnamed, so nothing is left on disk whatever happens
+            self.log = tempfile.TemporaryFile(prefix=f"mars2-slot{self.index}-")
         cgroup = self.cgroup
         preexec = cgroup.attach_current if cgroup is not None else None
-        with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env,
-                cwd=self.tmp_dir, start_new_session=True, preexec_fn=preexec, bufsize=0)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                     cwd=cwd, start_new_session=True, preexec_fn=preexec, bufsize=0)
         self.chan = _Channel(self.proc)
         self.starts += 1
         try:
@@ -228,14 +259,24 @@ class Slot:
         self.info = header
 
     def log_tail(self, limit: int = 2000) -> str:
-        try:
-            with open(self.log_path or "", "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
-                return f.read().decode("utf-8", "replace").strip()
-        except OSError:
+        if self.log is None:
             return ""
+        try:
+            self.log.flush()
+            size = os.fstat(self.log.fileno()).st_size
+            return os.pread(self.log.fileno(), limit, max(0, size - limit)).decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def scratch_root_on_host(self) -> str | None:
+        """Where the zygote's scratch root is seen from the host (diagnostics and tests): this slot's folder at the
+        ``process`` level, the zygote's own mount namespace (``/proc/<pid>/root``) at the ``bwrap`` level."""
+        if self.pool.level != "bwrap":
+            return os.path.join(self.dir.path, "scratch") if self.dir is not None else None
+        if self.proc is None:
+            return None
+        children = [pid for pid, (ppid, _, _) in _process_table().items() if ppid == self.proc.pid]
+        return f"/proc/{children[0]}/root{isolation.SCRATCH_IN_BWRAP}" if children else None
 
     def sandbox_pids(self) -> list[int]:
         """Host pids of the processes programs left in this slot (diagnostics and tests): everything in
@@ -303,9 +344,12 @@ class Slot:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
-        if self.tmp_dir is not None:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-            self.tmp_dir = None
+        if self.dir is not None:
+            self.dir.remove()
+            self.dir = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
     # ---- one program --------------------------------------------------------------------------------
 
@@ -313,21 +357,19 @@ class Slot:
             inputs: list[bytes], on_result: Callable[[int, TestRun], bool], isolate_tests: bool = False) -> ProgramRun:
         """Run ``code`` on ``inputs`` in order; ``on_result(i, run)`` returns False to stop early.
 
-        A sandbox failure restarts the zygote and retries the program once from the start (the
-        callback sees every test again); a second failure raises :class:`SandboxError`.
+        A sandbox failure (the zygote cannot start, dies, stops answering, or could not confine a test process)
+        restarts the zygote and retries the program once from the start (the callback sees every test again);
+        a second failure raises :class:`SandboxError`.
         """
         for attempt in (1, 2):
-            if not self.alive():
-                self.start()
             try:
+                if not self.alive():
+                    self.start()
                 return self._run_once(code, mode, parity, func_name, limits, inputs, on_result, isolate_tests)
-            except SandboxStartError:
-                self.stop()
-                if attempt == 2:
-                    raise
             except SandboxError as e:
+                self.pool.count_failure()
                 log.warning("sandbox slot %d failed (%s); restarting%s. %s", self.index, e,
-                            "" if attempt == 1 else ", giving up", self.log_tail(500))
+                            "" if attempt == 1 else ", giving up on this program", self.log_tail(500))
                 self.stop()
                 if attempt == 2:
                     raise
@@ -343,13 +385,9 @@ class Slot:
         chan.send({"op": "program", "mode": mode, "parity": parity, "func_name": func_name, "limits": wire,
                    "ntests": len(inputs), "isolate": isolate_tests}, code.encode("utf-8", "surrogatepass"))
         header, _ = chan.recv(REPLY_GRACE_S + 30)
+        if header.get("status") != "ok":
+            raise SandboxError(f"the sandbox could not take the program: {header.get('error', header)}")
         result = ProgramRun()
-        if header.get("status") not in ("ok", "CE"):
-            raise SandboxStartError(f"the sandbox could not take the program: {header.get('error', header)}")
-        if header.get("status") == "CE":
-            result.compile_error = str(header.get("error", ""))
-            chan.send({"op": "end"})
-            return result
         for index, data in enumerate(inputs):
             oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
             chan.send({"op": "test", "index": index}, data)
@@ -358,8 +396,8 @@ class Slot:
             error = str(header.get("error", ""))
             if status == "SIGNAL" and self.cgroup is not None and self.cgroup.oom_kills() > oom_before:
                 status, error = "MLE", f"killed by the out-of-memory killer (memory cgroup); {error}"
-            if status == "SETUP":
-                raise SandboxStartError(f"a test process could not be confined: {error}")
+            if status == "SETUP":  # the zygote's own finding: the test process never reached the program
+                raise SandboxError(f"a test process could not be confined: {error}")
             run = TestRun(status=status, output=payload, error=error, cpu_s=float(header.get("cpu_s", 0.0)),
                           wall_s=float(header.get("wall_s", 0.0)))
             result.tests.append(run)
@@ -372,22 +410,26 @@ class Slot:
 class SandboxPool:
     """``workers`` slots (default: one per CPU core available to this process) at one isolation level.
 
-    ``isolation``: ``auto`` (the strongest that works here, see :func:`mars2.sandbox.probe_isolation`),
+    ``isolation``: ``auto`` (the strongest that works here, see :func:`mars2.sandbox.isolation.choose_level`),
     ``bwrap`` (fail if unavailable) or ``process``. Slots start lazily and are reused across calls;
-    :meth:`close` (also run at interpreter exit) stops them.
+    :meth:`close` (also run at interpreter exit) stops them and removes their folders; folders a killed grader
+    left are reclaimed when a ``process`` pool starts. ``failures`` counts the sandbox failures met (each one a
+    slot restart).
     """
 
     def __init__(self, workers: int | None = None, isolation_level: str = "auto", *, memory_ceiling_mb: int = 1024,
                  nproc_ceiling: int = 512, tmpfs_mb: int = 256, use_cgroups: bool = True) -> None:
         self.workers = default_workers() if not workers else int(workers)
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be from 1 to {MAX_WORKERS}, got {workers}")
         self.probe = isolation.probe_isolation()
         self.level = isolation.choose_level(isolation_level, self.probe)
         self.requested = isolation_level
-        if self.level != "bwrap":
-            log.warning("sandbox: bubblewrap isolation unavailable (%s); using the weaker %r level",
-                        self.probe.get("bwrap_error", f"isolation={isolation_level!r} requested"), self.level)
+        isolation.warn_once_if_weaker(self.level, self.probe, isolation_level)
+        if self.level == "process":
+            isolation.reclaim_stale_slot_dirs()
+        self.failures = 0
+        self._failures_lock = threading.Lock()
         self.memory_ceiling_mb = memory_ceiling_mb
         self.nproc_ceiling = nproc_ceiling
         self.tmpfs_bytes = tmpfs_mb * MIB
@@ -402,6 +444,10 @@ class SandboxPool:
     def params(self) -> dict[str, str]:
         """Flat ``sandbox.*`` strings describing the isolation in use (for MLflow params)."""
         return {**isolation.describe(self.level, self.probe), "sandbox.workers": str(self.workers)}
+
+    def count_failure(self) -> None:
+        with self._failures_lock:
+            self.failures += 1
 
     def acquire(self) -> Slot:
         if self._closed:

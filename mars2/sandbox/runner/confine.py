@@ -3,31 +3,47 @@ what this kernel allows (``_runner.py --probe``, run by :func:`mars2.sandbox.iso
 
 A test process gets its own scratch directory, stdin/stdout/stderr files and no other descriptor; rlimits
 (CPU, address space, file size, open files, processes, no core); the slot's dedicated unprivileged uid/gid
-(when the zygote may); no-new-privs and parent-death SIGKILL; Landlock (weaker level only) and the seccomp
-filter (:mod:`.seccomp`).
+(when the zygote may); no capability in any set (effective, permitted, inheritable, ambient, bounding); no-new-privs
+and parent-death SIGKILL; Landlock (weaker level: read-only system paths, writes only in its own scratch directory)
+and the seccomp filter (:mod:`.seccomp`).
+
+The zygote learns that the confinement is complete from one byte on the *ready* descriptor (5), written and
+closed by :func:`signal_ready` right before the program's code is first compiled: a test process that ends
+without it failed in the sandbox's own set-up; anything after it is the program's doing, whatever its exit status
+or the bytes it writes, so no program can pass its failure off as the sandbox's.
 """
 
+import ctypes
 import fcntl
 import os
 import resource
 import signal
+import sys
 
-from .landlock import landlock_abi, landlock_restrict
+from .landlock import landlock_abi, landlock_restrict, landlock_ruleset
 from .libc import libc as _libc
 from .seccomp import install_seccomp, seccomp_program
 
-# exit codes of a test child that never reached the program
+# exit code of a test child whose own set-up (ours, not the program's) failed; the zygote decides by the ready byte
 EXIT_SETUP_FAILED = 121
+READY_FD = 5
+PROGRAM_RECURSION_LIMIT = 50000  # LiveCodeBench's harness sets it; the zygote itself keeps Python's default
+_CAPABILITY_V3 = 0x20080522
+_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+# NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE and KEEP_CAPS off, each locked: uid 0 never regains a capability
+_SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+_ready_sent = []
 
 
-def confine_test_process(limits, scratch, fds, *, zygote_pid, uid, gid, pidns, base_vm, landlock_fd, seccomp,
+def confine_test_process(limits, scratch, fds, *, zygote_pid, uid, gid, pidns, base_vm, landlock_read, seccomp,
                          stdout_to_null=False):
     """Runs in the forked child: confine it. Any failure ends the child (never runs the program).
 
-    Descriptors 0-4 become ``fds`` ``in``, ``out`` (or /dev/null), ``err``, ``rec``, ``val`` and every other one
-    but ``landlock_fd`` is closed; cwd ``scratch``; rlimits (:func:`set_limits`); ``uid``/``gid`` when given;
-    parent-death SIGKILL (ends at once if the zygote ``zygote_pid`` is already gone); no-new-privs; the
-    Landlock ruleset ``landlock_fd`` and the seccomp filter ``seccomp`` (a ``SeccompFilter``) when given."""
+    Descriptors 0-5 become ``fds`` ``in``, ``out`` (or /dev/null), ``err``, ``rec``, ``val``, ``ready`` and every
+    other one is closed; cwd ``scratch``; rlimits (:func:`set_limits`); ``uid``/``gid`` when given; no capabilities
+    (:func:`drop_capabilities`); parent-death SIGKILL (ends at once if the zygote ``zygote_pid`` is already gone);
+    no-new-privs; a Landlock ruleset reading ``landlock_read`` and writing ``scratch`` only, when ``landlock_read``
+    is given; the seccomp filter ``seccomp`` (a ``SeccompFilter``) when given."""
     try:
         # the zygote installs no handlers; Python itself ignores SIGXFSZ (restored: the file size
         # limit kills) and SIGPIPE (kept, as in any Python program), and handles SIGINT
@@ -37,21 +53,21 @@ def confine_test_process(limits, scratch, fds, *, zygote_pid, uid, gid, pidns, b
             os.setsid()  # a process group to kill (a pid namespace does better)
         out = os.open(os.devnull, os.O_WRONLY) if stdout_to_null else fds["out"]
         # move the sources out of the way first, so that no dup2 overwrites a later source
-        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (fds["in"], out, fds["err"], fds["rec"], fds["val"])]
+        sources = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
+                   for fd in (fds["in"], out, fds["err"], fds["rec"], fds["val"], fds["ready"])]
         for target, fd in enumerate(sources):
             os.dup2(fd, target)
-        keep = [fd for fd in (landlock_fd,) if fd is not None]
-        lo = 5
-        for fd in sorted(keep):
-            os.closerange(lo, fd)
-            lo = fd + 1
-        os.closerange(lo, 1 << 20)
+        os.closerange(READY_FD + 1, 1 << 20)
         os.chdir(scratch)
+        ruleset = landlock_ruleset(landlock_read, [scratch])[0] if landlock_read is not None else None
+        if landlock_read is not None and ruleset is None:
+            raise OSError("Landlock ruleset refused")
         set_limits(limits, base_vm)
         if uid is not None:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+        drop_capabilities()
         libc = _libc()
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != zygote_pid:  # the zygote died before the line above
@@ -63,17 +79,46 @@ def confine_test_process(limits, scratch, fds, *, zygote_pid, uid, gid, pidns, b
         except OSError:
             pass
         libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        if landlock_fd is not None:
-            landlock_restrict(landlock_fd)
-            os.close(landlock_fd)
+        if ruleset is not None:
+            landlock_restrict(ruleset)
+            os.close(ruleset)
         if seccomp is not None:
             seccomp.install()
+        sys.setrecursionlimit(PROGRAM_RECURSION_LIMIT)
         # the environment is already the scrubbed one the zygote was started with
     except BaseException as exc:
         try:
             os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
         finally:
             os._exit(EXIT_SETUP_FAILED)
+
+
+def signal_ready():
+    """Tell the zygote that the confinement is complete: write the ready byte and close the descriptor, so that the
+    program, which runs after this, cannot use it. Called once, right before the program's code is compiled."""
+    if not _ready_sent:
+        _ready_sent.append(True)
+        try:
+            os.write(READY_FD, b"R")
+        finally:
+            os.close(READY_FD)
+
+
+def drop_capabilities():
+    """Empty every capability set of this process: the bounding set and the securebits first (they need
+    CAP_SETPCAP, which only a process still root outside a user namespace has; elsewhere they are refused and not
+    needed), then the ambient, effective, permitted and inheritable sets, checked afterwards."""
+    libc = _libc()
+    libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0)
+    for cap in range(64):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last capability, EPERM without SETPCAP
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_V3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    left = (ctypes.c_uint32 * 6)()
+    if libc.capget(header, left) != 0 or any(left):
+        raise OSError("capabilities remain after dropping them")
 
 
 def set_limits(limits, base_vm):

@@ -1,5 +1,5 @@
-"""Landlock through raw system calls: a ruleset (read-only and read-write paths, no TCP, scoped signals)
-built once in the zygote, applied by each test process at the ``process`` isolation level."""
+"""Landlock through raw system calls: a ruleset (read-only paths, one read-write folder, no TCP, scoped signals)
+that each test process builds for its own scratch folder and applies at the ``process`` isolation level."""
 
 import os
 import struct

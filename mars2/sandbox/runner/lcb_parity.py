@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 
+from .confine import signal_ready
 from .errors import exception_only
 from .values import encode_value_bytes
 from .wire import read_frame, write_frame
@@ -66,6 +67,7 @@ def lcb_child(program, lcb, open_mocks):
     code = program["source"]
     method = None
     setup_error = None
+    signal_ready()
     try:
         if mode == "functional":
             compiled = lcb.compile_code(lcb.import_string + "\n\n" + code, timeout)

@@ -15,6 +15,7 @@ import resource
 import signal
 import sys
 
+from .confine import signal_ready
 from .errors import PROGRAM_NAME, exception_only, format_error
 from .files import read_head, wipe, write_all
 from .libc import libc as _libc
@@ -63,6 +64,16 @@ sys.setrecursionlimit(50000)
 """
 
 
+def compile_program(source):
+    """``(code, None)``, or ``(None, error text)`` when the program does not compile. Runs in the confined test
+    process, after :func:`.confine.signal_ready`: a program that crashes the compiler only ends its own process."""
+    signal_ready()
+    try:
+        return compile(source, PROGRAM_NAME, "exec", dont_inherit=True), None
+    except BaseException as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+        return None, exception_only(exc)
+
+
 def run_script_child(program, payload):
     """One test in this fresh child (``isolate_tests``): run it, write the record and value, exit."""
     import atexit
@@ -70,15 +81,19 @@ def run_script_child(program, payload):
     atexit._clear()
     std_streams()
     signal.setitimer(signal.ITIMER_PROF, program["limits"]["time_s"])  # SIGPROF ends us at the CPU limit
-    record, value = exec_program(program, program["module"], payload)
+    code, error = compile_program(program["source"])
+    if code is None:
+        record, value = {"status": "CE", "error": error}, None
+    else:
+        record, value = exec_program(program, program["module"], payload, code)
     if record["status"] == "ok" and program["mode"] == "functional":
         write_all(4, encode_value_bytes(value))
     write_all(3, _dumps(record).encode("utf-8", "replace"))
     os._exit(0)
 
 
-def exec_program(program, module, payload):
-    """Run the program as a script in ``module`` on the current stdin; ``(record, return value)``.
+def exec_program(program, module, payload, code):
+    """Run ``code`` (the program) as a script in ``module`` on the current stdin; ``(record, return value)``.
 
     Like the end of a real interpreter run, non-daemon threads are joined, ``atexit`` functions run
     and stdout is flushed. Any ``SystemExit`` of a stdin program is a normal end (as in LiveCodeBench).
@@ -97,7 +112,7 @@ def exec_program(program, module, payload):
     value = None
     try:
         try:
-            exec(program["code"], namespace)
+            exec(code, namespace)
         except SystemExit:
             if mode != "stdin":
                 raise
@@ -168,17 +183,19 @@ def script_session_child(program, preamble_names):
                      if sig not in (signal.SIGKILL, signal.SIGSTOP)}
     work = os.getcwd()
     name = "__main__" if mode == "stdin" else "solution"
+    code, compile_error = compile_program(program["source"])
     # bound now: a program replacing these module attributes cannot take our bookkeeping down with it
     setitimer, ITIMER_PROF, waitpid, WNOHANG = signal.setitimer, signal.ITIMER_PROF, os.waitpid, os.WNOHANG
     _exit = os._exit
     read_out = read_head
-    n = 0
     while True:
         try:
             _, payload = read_frame(3)
         except EOFError:
             os._exit(0)
-        n += 1
+        if code is None:
+            write_frame(4, {"status": "CE", "error": compile_error})
+            continue
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime + limits["time_s"] + 0.999999)
         if hard_cpu != resource.RLIM_INFINITY:
@@ -203,7 +220,7 @@ def script_session_child(program, preamble_names):
         module.__file__ = PROGRAM_NAME
         module.__builtins__ = builtins
         signal.setitimer(signal.ITIMER_PROF, limits["time_s"])  # SIGPROF ends us at the CPU limit
-        record, value = exec_program(program, module, payload)
+        record, value = exec_program(program, module, payload, code)
         # from here on the program has run: whatever it broke is its own failure, never a sandbox fault
         out = b""
         try:

@@ -1,10 +1,14 @@
 """The seccomp policy of a test process: a classic BPF program, assembled here, loaded through ``prctl``.
 
 Denied (EPERM): ptrace, process_vm_*, kcmp, pidfd_getfd, bpf, perf_event_open, userfaultfd, keys, mount and
-namespace calls, io_uring, SysV/mq IPC, kernel-admin calls; ``socket`` for any family but AF_UNIX (EACCES);
-``clone`` with a CLONE_NEW* flag; ``clone3`` (ENOSYS, so glibc falls back to ``clone``, whose flags a filter
-can inspect); another architecture's calls kill the process. Options add no process creation, no
-``kill(pid <= 0)`` and no signal to one protected pid.
+namespace calls (the new mount API included), io_uring, SysV/mq IPC, kernel-admin calls, setting the host name,
+the domain name or any clock; ``mknod``/``mknodat`` of a character or block device; ``prlimit64``,
+``sched_set{param,scheduler,affinity,attr}`` aimed at any process but the caller (pid 0), ``setpriority`` and
+``ioprio_set`` other than for the caller itself, ``migrate_pages``/``move_pages``/``process_madvise``.
+``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
+abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag; ``clone3`` (ENOSYS, so glibc falls back to
+``clone``, whose flags a filter can inspect); another architecture's calls kill the process. Options add no
+process creation, no ``kill(pid <= 0)`` and no signal to one protected pid.
 """
 
 import errno
@@ -27,6 +31,14 @@ _ARCHES = {
         "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "clone3": 435, "pidfd_getfd": 438, "shmget": 29, "semget": 64, "msgget": 68,
         "tkill": 200, "tgkill": 234, "pidfd_open": 434,
+        "shmat": 30, "shmctl": 31, "shmdt": 67, "semop": 65, "semctl": 66, "msgsnd": 69, "msgrcv": 70,
+        "msgctl": 71, "semtimedop": 220, "mq_unlink": 241,
+        "mknod": 133, "mknodat": 259, "sethostname": 170, "setdomainname": 171, "settimeofday": 164,
+        "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159, "prlimit64": 302, "setpriority": 141,
+        "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314,
+        "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "process_madvise": 440,
+        "process_mrelease": 448, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+        "fsmount": 432, "fspick": 433, "mount_setattr": 442,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
@@ -38,6 +50,14 @@ _ARCHES = {
         "kexec_file_load": 294, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "clone3": 435, "pidfd_getfd": 438, "shmget": 194, "semget": 190, "msgget": 186,
         "tkill": 130, "tgkill": 131, "pidfd_open": 434,
+        "shmat": 196, "shmctl": 195, "shmdt": 197, "semop": 193, "semctl": 191, "msgsnd": 189, "msgrcv": 188,
+        "msgctl": 187, "semtimedop": 192, "mq_unlink": 181,
+        "mknodat": 33, "sethostname": 161, "setdomainname": 162, "settimeofday": 170, "clock_settime": 112,
+        "clock_adjtime": 266, "adjtimex": 171, "prlimit64": 261, "setpriority": 140, "sched_setparam": 118,
+        "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274, "ioprio_set": 30,
+        "migrate_pages": 238, "move_pages": 239, "process_madvise": 440, "process_mrelease": 448,
+        "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+        "mount_setattr": 442,
     }),
 }
 DENIED = (
@@ -47,10 +67,16 @@ DENIED = (
     "unshare", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
     "name_to_handle_at", "acct", "quotactl", "syslog", "shmget", "semget", "msgget", "mq_open", "fanotify_init",
     "lookup_dcookie", "vhangup", "iopl", "ioperm", "modify_ldt", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl",
+    "shmat", "shmctl", "shmdt", "semop", "semctl", "msgsnd", "msgrcv", "msgctl", "semtimedop", "mq_unlink",
+    "sethostname", "setdomainname", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "migrate_pages", "move_pages", "process_madvise", "process_mrelease",
+    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
 )
+SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # arg0 pid == 0
+S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 CLONE_THREAD = 0x00010000
 CLONE_NEW_ANY = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x04000000 | 0x08000000 | 0x02000000 | 0x80
-AF_UNIX = 1
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
@@ -67,7 +93,8 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
     if machine not in _ARCHES:
         return None
     arch, nrs = _ARCHES[machine]
-    # a tiny assembler: ("ld", off) | ("jeq", k, label_true) | ("jset", k, label_true) | ("ret", k) | ("label", n)
+    # a tiny assembler: ("ld", off) | ("and", k) | ("jeq"/"jne"/"jge"/"jset", k, label) | ("ret", k) | ("label", n);
+    # ld offsets are into struct seccomp_data: nr 0, arch 4, args from 16 (8 bytes each, the low word first)
     prog = [("ld", 4), ("jne", arch, "kill"), ("ld", 0)]
     if machine == "x86_64":
         prog.append(("jge", 0x40000000, "eperm"))  # the x32 ABI
@@ -75,8 +102,15 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
         if name in nrs:
             prog.append(("jeq", nrs[name], "eperm"))
     prog.append(("jeq", nrs["clone3"], "enosys"))  # glibc falls back to clone(), whose flags we can inspect
-    prog.append(("jeq", nrs["socket"], "socket"))
+    prog.append(("jeq", nrs["socket"], "eacces"))
     prog.append(("jeq", nrs["clone"], "clone"))
+    for name in SELF_ONLY:
+        prog.append(("jeq", nrs[name], "arg0_zero"))
+    prog.append(("jeq", nrs["setpriority"], "setpriority"))
+    prog.append(("jeq", nrs["ioprio_set"], "ioprio_set"))
+    if "mknod" in nrs:
+        prog.append(("jeq", nrs["mknod"], "mknod"))
+    prog.append(("jeq", nrs["mknodat"], "mknodat"))
     for name in ("fork", "vfork"):
         if name in nrs and no_process_creation:
             prog.append(("jeq", nrs[name], "eagain"))
@@ -87,8 +121,16 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
         prog.append(("jeq", nrs["tgkill"], "tkill_check"))
         prog.append(("jeq", nrs["pidfd_open"], "eperm"))
     prog += [("ret", _RET_ALLOW),
-             ("label", "socket"), ("ld", 16), ("jeq", AF_UNIX, "allow"), ("ret", _RET_ERRNO | errno.EACCES),
-             ("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY, "eperm")]
+             ("label", "arg0_zero"), ("ld", 16), ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EPERM),
+             ("label", "setpriority"), ("ld", 16), ("jne", PRIO_PROCESS, "eperm"), ("ld", 24), ("jeq", 0, "allow"),
+             ("ret", _RET_ERRNO | errno.EPERM),
+             ("label", "ioprio_set"), ("ld", 16), ("jne", IOPRIO_WHO_PROCESS, "eperm"), ("ld", 24),
+             ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EPERM)]
+    for name, mode_offset in (("mknod", 24), ("mknodat", 32)):  # the mode is arg 1 of mknod, arg 2 of mknodat
+        if name in nrs:
+            prog += [("label", name), ("ld", mode_offset), ("and", S_IFMT), ("jeq", S_IFCHR, "eperm"),
+                     ("jeq", S_IFBLK, "eperm"), ("ret", _RET_ALLOW)]
+    prog += [("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY, "eperm")]
     if no_process_creation:
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
     else:
@@ -104,6 +146,7 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
     prog += [("label", "allow"), ("ret", _RET_ALLOW),
              ("label", "eperm"), ("ret", _RET_ERRNO | errno.EPERM),
              ("label", "eagain"), ("ret", _RET_ERRNO | errno.EAGAIN),
+             ("label", "eacces"), ("ret", _RET_ERRNO | errno.EACCES),
              ("label", "enosys"), ("ret", _RET_ERRNO | errno.ENOSYS),
              ("label", "kill"), ("ret", _RET_KILL_PROCESS)]
     labels = {}
@@ -123,6 +166,8 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
             out.append((0x20, 0, 0, ins[1]))  # BPF_LD | BPF_W | BPF_ABS
         elif op == "ret":
             out.append((0x06, 0, 0, ins[1]))  # BPF_RET | BPF_K
+        elif op == "and":
+            out.append((0x54, 0, 0, ins[1]))  # BPF_ALU | BPF_AND | BPF_K
         else:
             off = labels[ins[2]] - pos - 1
             if not 0 <= off <= 255:

@@ -13,12 +13,13 @@ forks a *test process* that (:mod:`.confine`)
 
 1. gets its own scratch directory, stdin/stdout/stderr files, and no other descriptor;
 2. sets rlimits (CPU, address space, file size, open files, processes, no core), drops to the slot's
-   dedicated unprivileged uid/gid (when the zygote may), sets no-new-privs and parent-death SIGKILL,
-   applies Landlock (weaker level only) and a seccomp filter (no ptrace, no sockets but AF_UNIX, no
-   namespaces, no io_uring, no SysV/mq IPC, no kernel-admin calls; when tests share the zygote's uid
-   also no signal to the zygote, and at the weaker level without a dedicated uid no process creation
-   and no ``kill(-1)``);
-3. runs the tests (:mod:`.script_parity`, :mod:`.lcb_parity`):
+   dedicated unprivileged uid/gid (when the zygote may) and every capability, sets no-new-privs and
+   parent-death SIGKILL, applies Landlock (weaker level only: writes only in its own scratch folder) and a
+   seccomp filter (:mod:`.seccomp`: no ptrace, no ``socket``, no namespaces, no io_uring, no SysV/mq IPC, no
+   kernel-admin calls, nothing aimed at another process; when tests share the zygote's uid also no signal to
+   the zygote, and at the weaker level without a dedicated uid no process creation and no ``kill(-1)``);
+3. says it is ready (:func:`.confine.signal_ready`), compiles the program, and runs the tests
+   (:mod:`.script_parity`, :mod:`.lcb_parity`):
 
    * ``parity=script`` (default): one test process per program runs its tests one after the other,
      each as a real script in a fresh ``__main__`` module with fresh stdin/stdout/stderr files and a
@@ -29,7 +30,10 @@ forks a *test process* that (:mod:`.confine`)
      ``reliability_guard``, the stdin program wrapped in ``wrapped_function``, mocked stdin, captured
      ``sys.stdout``, one ``Solution()`` instance shared by the tests).
 
-The zygote measures each test's CPU time (``/proc``, ``wait4``), enforces the wall-clock deadline,
+The zygote never compiles or runs program code. Each program gets a scratch folder of its own, made under an
+unguessable name in a scratch root nobody else may list, and removed with everything in it once the program
+is done. The zygote measures each test's CPU time (``/proc``, ``wait4``), enforces the wall-clock deadline and
+the disk and file quotas of the scratch folder (:class:`.files.ScratchMeter`, polled while the test runs),
 kills every process a test process left behind (``kill(-1, SIGKILL)`` inside the pid namespace, or by
 uid) and sends the grader the raw stdout (stdin tests) or the typed-JSON return value
 (:mod:`.values`, functional tests) with the status. The expected outputs never enter the
@@ -38,15 +42,15 @@ sandbox: the grader compares.
 
 import json
 import os
+import secrets
 import select
 import signal
 import sys
 import time
 
 from .confine import EXIT_SETUP_FAILED, confine_test_process
-from .errors import PROGRAM_NAME, STDERR_TAIL, exception_only, format_error, join_text, parse_record, signal_verdict
-from .files import read_head, read_tail, rmtree, write_all
-from .landlock import landlock_ruleset
+from .errors import PROGRAM_NAME, STDERR_TAIL, format_error, join_text, parse_record, signal_verdict
+from .files import ScratchMeter, read_head, read_tail, rmtree, wipe, write_all
 from .lcb_parity import lcb_child, load_harness
 from .libc import libc as _libc
 from .procs import ns_pids, proc_cpu, reap_children, vm_size, wait_exit
@@ -55,12 +59,14 @@ from .seccomp import SeccompFilter, seccomp_program
 from .wire import FRAME, read_frame, write_frame
 
 RECORD_CAP = 64 * 1024  # a test's status record, and a result frame's header from a test process
+QUOTA_POLL_S = 0.02  # how often the scratch folder's quota is read while a test runs
 
 
 class Zygote:
     """One worker slot's zygote. ``cfg`` is the JSON the grader starts it with (:meth:`mars2.sandbox.pool.Slot.start`):
-    ``uid``/``gid`` of the tests (None: our own), ``pidns``, ``scratch_root``, ``sys_path`` (site directories),
-    ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
+    ``uid``/``gid`` of the tests (None: our own), ``pidns``, ``scratch_root`` (``private_scratch_fs``: on a
+    filesystem of this slot alone), ``remove_on_exit`` (a folder to remove when the grader goes away),
+    ``sys_path`` (site directories), ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -77,9 +83,11 @@ class Zygote:
         self.gid = cfg.get("gid")
         self.pidns = bool(cfg.get("pidns"))
         self.scratch_root = cfg["scratch_root"]
-        os.makedirs(self.scratch_root, mode=0o755, exist_ok=True)
-        os.chmod(self.scratch_root, 0o755)
-        self.seq = 0
+        os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
+        os.chmod(self.scratch_root, 0o711)  # programs may pass through it to their own folder, not list it
+        wipe(self.scratch_root)  # what a zygote killed mid-test left (a restart of this slot)
+        self.meter = ScratchMeter(self.scratch_root, bool(cfg.get("private_scratch_fs")))
+        self.remove_on_exit = cfg.get("remove_on_exit")
         for path in cfg.get("sys_path", []):
             if path not in sys.path:
                 sys.path.append(path)
@@ -96,6 +104,9 @@ class Zygote:
         self.preamble_names = {}
         exec(self.preamble, self.preamble_names)
         self.preamble_names.pop("__builtins__", None)
+        # the preamble raised the recursion limit for programs (confine sets it in each test process); we parse
+        # what test processes send, and nesting that deep could overflow our C stack instead of raising
+        sys.setrecursionlimit(1000)
         import atexit  # noqa: F401
         import builtins  # noqa: F401
         import threading  # noqa: F401
@@ -110,9 +121,7 @@ class Zygote:
                                   no_kill_all=not self.pidns or shared_uid,
                                   protect_pid=os.getpid() if shared_uid else None) if seccomp_on else None
         self.seccomp = SeccompFilter(program) if program is not None else None
-        self.landlock_fd = None
-        if cfg.get("landlock"):
-            self.landlock_fd, _ = landlock_ruleset(cfg.get("landlock_read", []), [self.scratch_root])
+        self.landlock_read = list(cfg.get("landlock_read", [])) if cfg.get("landlock") else None
         _libc()
         self.base_vm = vm_size()
         # not dumpable: a test running as our uid (no dedicated uid) cannot read our memory via /proc
@@ -142,12 +151,12 @@ class Zygote:
     def serve(self):
         write_frame(self.ctl_out, {"op": "ready", "pid": os.getpid(), "uid": os.getuid(),
                                    "child_uid": self.uid, "seccomp": self.seccomp is not None,
-                                   "landlock": self.landlock_fd is not None, "base_vm": self.base_vm})
+                                   "landlock": self.landlock_read is not None, "base_vm": self.base_vm})
         while True:
             try:
                 header, payload = read_frame(self.ctl_in)
-            except EOFError:
-                return
+            except EOFError:  # the grader is gone
+                self._die()
             op = header.get("op")
             if op in ("program", "test"):
                 try:
@@ -171,33 +180,27 @@ class Zygote:
                 write_frame(self.ctl_out, {"op": "error", "error": f"unknown op {op!r}"})
 
     def on_program(self, header, payload):
+        """Take a program (its source, mode, limits): it is compiled only in its confined test process."""
         self.on_end()
-        source = payload.decode("utf-8", "replace")
         program = {"mode": header["mode"], "parity": header.get("parity", "script"),
-                   "func_name": header.get("func_name"), "limits": header["limits"], "source": source,
-                   "code": None, "session": None, "ntests": header.get("ntests", 1),
+                   "func_name": header.get("func_name"), "limits": header["limits"],
+                   "source": payload.decode("utf-8", "replace"), "session": None, "ntests": header.get("ntests", 1),
                    "isolate": bool(header.get("isolate"))}
-        reply = {"op": "compiled", "status": "ok"}
-        if program["parity"] == "script":
-            try:
-                program["code"] = compile(source, PROGRAM_NAME, "exec", dont_inherit=True)
-            except BaseException as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
-                reply = {"op": "compiled", "status": "CE", "error": exception_only(exc)}
-            if program["code"] is not None and program["isolate"]:
-                # the program's module, preamble names included, built here once: test children only
-                # add to it (copying ~1000 names in each child would cost a page fault per object)
-                import builtins
-                import types
+        if program["parity"] == "script" and program["isolate"]:
+            # the program's module, preamble names included, built here once: test children only
+            # add to it (copying ~1000 names in each child would cost a page fault per object)
+            import builtins
+            import types
 
-                module = types.ModuleType("__main__" if program["mode"] == "stdin" else "solution")
-                module.__dict__.update(self.preamble_names)
-                module.__file__ = PROGRAM_NAME
-                module.__builtins__ = builtins
-                program["module"] = module
+            module = types.ModuleType("__main__" if program["mode"] == "stdin" else "solution")
+            module.__dict__.update(self.preamble_names)
+            module.__file__ = PROGRAM_NAME
+            module.__builtins__ = builtins
+            program["module"] = module
         elif program["parity"] == "lcb":
             self._load_lcb()
         self.program = program
-        write_frame(self.ctl_out, reply)
+        write_frame(self.ctl_out, {"op": "compiled", "status": "ok"})
 
     def on_test(self, header, payload):
         program = self.program
@@ -221,67 +224,99 @@ class Zygote:
             self._close_session(program["session"])
         self._kill_leftovers()
 
-    # ---- one test in a fresh child (parity=script) ------------------------------------------------
+    # ---- a program's folder, files and test processes ----------------------------------------------
 
     def _new_io(self, stdin_bytes, session=False):
-        """A fresh scratch directory (owned by the test's uid) and anonymous in-memory files for the
-        test's stdin (the input only), stdout, stderr, status record and return value.
+        """A fresh scratch folder and anonymous in-memory files for the test's stdin (the input only), stdout,
+        stderr, status record and return value. Returns ``(folder, work, fds)``.
 
-        For a session (several tests in one process) the scratch directory is ``<dir>/work`` inside a
-        directory of the zygote's, so that a test cannot leave files outside ``work``, which is wiped
-        between tests; ``scratch`` is then ``<dir>`` (removed as a whole at the end)."""
-        self.seq += 1
-        scratch = os.path.join(self.scratch_root, f"w{self.seq}")
+        The folder has an unguessable name in the scratch root (which nobody may list), is the program's alone
+        and is removed as a whole afterwards. For a session (several tests in one process) the program works in
+        ``<folder>/work``, which the test process wipes between tests (the program cannot write beside it);
+        otherwise it works in the folder itself."""
+        folder = os.path.join(self.scratch_root, secrets.token_hex(16))
         if session:
-            os.mkdir(scratch)
-            os.chmod(scratch, 0o755)  # (our umask is 077)
-            work = os.path.join(scratch, "work")
+            os.mkdir(folder)
+            os.chmod(folder, 0o711)  # (our umask is 077)
+            work = os.path.join(folder, "work")
             os.mkdir(work, 0o700)
-            if self.uid is not None:
-                os.chown(work, self.uid, self.gid)
         else:
-            os.mkdir(scratch, 0o700)
-            if self.uid is not None:
-                os.chown(scratch, self.uid, self.gid)
+            os.mkdir(folder, 0o700)
+            work = folder
+        if self.uid is not None:
+            os.chown(work, self.uid, self.gid)
+        self.meter.begin()
         fds = {name: os.memfd_create(f"mars2-{name}", os.MFD_CLOEXEC) for name in ("in", "out", "err", "rec", "val")}
         if stdin_bytes:
             write_all(fds["in"], stdin_bytes)
             os.lseek(fds["in"], 0, os.SEEK_SET)
-        return scratch, fds
+        return folder, work, fds
 
-    def _cleanup_io(self, scratch, fds):
+    def _cleanup_io(self, folder, fds):
         for fd in fds.values():
             try:
                 os.close(fd)
             except OSError:
                 pass
-        rmtree(scratch)
+        rmtree(folder)
+
+    def _fork_test_process(self, limits, work, fds, run, stdout_to_null=False):
+        """Fork a test process: confine it (:func:`.confine.confine_test_process`), then ``run()``. Returns its
+        pid and the read end of its ready pipe (:meth:`_ready`)."""
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                confine_test_process(limits, work, {**fds, "ready": ready_w}, zygote_pid=self.pid, uid=self.uid,
+                                     gid=self.gid, pidns=self.pidns, base_vm=self.base_vm,
+                                     landlock_read=self.landlock_read, seccomp=self.seccomp,
+                                     stdout_to_null=stdout_to_null)
+                run()
+            except BaseException as exc:
+                try:
+                    os.write(2, ("test process failed: " + format_error(exc, __file__)).encode("utf-8", "replace"))
+                finally:
+                    os._exit(EXIT_SETUP_FAILED)
+            finally:
+                os._exit(EXIT_SETUP_FAILED)
+        os.close(ready_w)
+        os.set_blocking(ready_r, False)
+        return pid, ready_r
+
+    @staticmethod
+    def _ready(proc):
+        """Whether the test process ``proc`` (``{"ready_fd", "ready"}``) finished its confinement: its ready byte
+        arrived. Read only after it answered or exited, so a byte it wrote is always there."""
+        if not proc["ready"] and proc["ready_fd"] is not None:
+            try:
+                proc["ready"] = os.read(proc["ready_fd"], 1) == b"R"
+            except BlockingIOError:
+                pass
+        return proc["ready"]
+
+    @staticmethod
+    def _close_ready(proc):
+        if proc.get("ready_fd") is not None:
+            os.close(proc["ready_fd"])
+            proc["ready_fd"] = None
+
+    # ---- one test in a fresh child (parity=script, isolate_tests) --------------------------------------
 
     def test_script(self, program, payload):
         limits = program["limits"]
         mode = program["mode"]
-        if program["code"] is None:
-            return {"status": "CE", "error": "program did not compile"}, b""
-        scratch, fds = self._new_io(payload if mode == "stdin" else b"")
+        folder, work, fds = self._new_io(payload if mode == "stdin" else b"")
+        proc = {"ready_fd": None, "ready": False}
         try:
-            pid = os.fork()
-            if pid == 0:
-                self._child(limits, scratch, fds, stdout_to_null=(mode != "stdin"))
-                try:
-                    run_script_child(program, payload)
-                finally:
-                    os._exit(EXIT_SETUP_FAILED)
-            waited = self._wait(pid, limits["wall_s"])
+            pid, proc["ready_fd"] = self._fork_test_process(limits, work, fds,
+                                                            lambda: run_script_child(program, payload),
+                                                            stdout_to_null=(mode != "stdin"))
+            waited = self._wait(pid, limits, work)
             self._kill_leftovers()
-            return self._collect(waited, limits, fds, mode)
+            return self._collect(waited, limits, fds, mode, self._ready(proc))
         finally:
-            self._cleanup_io(scratch, fds)
-
-    def _child(self, limits, scratch, fds, stdout_to_null=False):
-        """Runs in the forked child: confine it (:func:`.confine.confine_test_process`)."""
-        confine_test_process(limits, scratch, fds, zygote_pid=self.pid, uid=self.uid, gid=self.gid, pidns=self.pidns,
-                             base_vm=self.base_vm, landlock_fd=self.landlock_fd, seccomp=self.seccomp,
-                             stdout_to_null=stdout_to_null)
+            self._close_ready(proc)
+            self._cleanup_io(folder, fds)
 
     def _grader_gone(self):
         """The grader closed our control pipe (it exited or was killed): take everything down."""
@@ -291,17 +326,27 @@ class Zygote:
         return bool(events) and bool(events[0][1] & (select.POLLHUP | select.POLLERR))
 
     def _die(self):
+        """The grader is gone: kill what programs left, remove the slot's folder (``remove_on_exit``), exit."""
         self._kill_leftovers()
+        if self.remove_on_exit:
+            import shutil
+
+            wipe(self.remove_on_exit)
+            shutil.rmtree(self.remove_on_exit, ignore_errors=True)
+        else:
+            wipe(self.scratch_root)
         os._exit(0)
 
-    def _wait(self, pid, wall_s):
-        """Wait for ``pid`` until the wall-clock deadline; kill it then. Returns (status, rusage, wall, killed).
+    def _wait(self, pid, limits, work):
+        """Wait for ``pid`` until the wall-clock deadline, reading the scratch quota every ``QUOTA_POLL_S``; kill
+        it at the deadline or over the quota. Returns ``(status, rusage, wall, killed, quota)``.
 
         Also watches the control pipe: if the grader goes away, the test and the zygote end at once.
         """
         start = time.monotonic()
-        deadline = start + wall_s
+        deadline = start + limits["wall_s"]
         killed = False
+        quota = None
         try:
             pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
@@ -311,11 +356,12 @@ class Zygote:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                step = min(remaining, QUOTA_POLL_S)
                 if pidfd is not None:
                     poller = select.poll()
                     poller.register(pidfd, select.POLLIN)
                     poller.register(self.ctl_in, select.POLLHUP)
-                    events = dict(poller.poll(max(1, int(remaining * 1000) + 1)))
+                    events = dict(poller.poll(max(1, int(step * 1000) + 1)))
                     if pidfd in events:
                         break
                     if self.ctl_in in events:
@@ -328,7 +374,12 @@ class Zygote:
                         os.kill(pid, signal.SIGKILL)
                         self._die()
                     time.sleep(0.002)
-            if time.monotonic() >= deadline and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                quota = self.meter.exceeded(work, pid, limits)
+                if quota is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            if quota is None and time.monotonic() >= deadline and \
+                    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 killed = True
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -338,14 +389,22 @@ class Zygote:
             if pidfd is not None:
                 os.close(pidfd)
         _, status, rusage = os.wait4(pid, 0)
-        return status, rusage, time.monotonic() - start, killed
+        if quota is None:
+            quota = self.meter.exceeded(work, None, limits)
+        return status, rusage, time.monotonic() - start, killed, quota
 
-    def _collect(self, waited, limits, fds, mode):
-        status, rusage, wall, killed = waited
+    def _collect(self, waited, limits, fds, mode, ready):
+        status, rusage, wall, killed, quota = waited
         cpu = rusage.ru_utime + rusage.ru_stime
         out = read_head(fds["out"], limits["output_bytes"]) if mode == "stdin" else b""
         err = read_tail(fds["err"], STDERR_TAIL).decode("utf-8", "replace")
         reply = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "maxrss_kb": rusage.ru_maxrss}
+        if not ready:  # it never reached the program: our set-up failed, whatever the status says
+            reply.update(status="SETUP", error=join_text("the sandbox could not confine the test", err))
+            return reply, out
+        if quota is not None:
+            reply.update(status="QUOTA", error=quota)
+            return reply, out
         if killed:
             reply.update(status="TLE", error=f"wall-clock limit ({limits['wall_s']:g} s)")
             return reply, out
@@ -357,9 +416,6 @@ class Zygote:
             return reply, out
         code = os.WEXITSTATUS(status)
         record = parse_record(read_head(fds["rec"], RECORD_CAP))
-        if code == EXIT_SETUP_FAILED and record is None:
-            reply.update(status="SETUP", error=join_text("the sandbox could not confine the test", err))
-            return reply, out
         if record is None or code != 0:
             reason = f"exited with code {code}" if code != 0 else "exited before the runner could report (os._exit?)"
             reply.update(status="RE", error=join_text(reason, err))
@@ -382,51 +438,44 @@ class Zygote:
 
     # ---- one child per program serves every test (parity=lcb, like LiveCodeBench's process; script) --
 
-    def test_session(self, program, payload, child_fn, retried=False):
+    def test_session(self, program, payload, child_fn):
         """One test in the program's long-lived test process (opened on demand, see :meth:`_open_session`).
 
-        The process is closed, and the next test gets a fresh one, after a test that timed out, crashed,
-        or (script mode) left threads or processes behind. If a process that already ran tests cannot
-        even start the next one (an earlier test broke something the runner needs), the test is run
-        again in a fresh process: only a fresh process failing that way is reported as a sandbox fault.
-        """
-        reply, out = self._test_session_once(program, payload, child_fn)
-        session_tests = reply.pop("session_tests", 0)
-        if reply.get("status") == "SETUP" and session_tests > 0 and not retried:
-            return self.test_session(program, payload, child_fn, retried=True)
-        return reply, out
-
-    def _test_session_once(self, program, payload, child_fn):
+        The process is closed, and the next test gets a fresh one, after a test that timed out, crashed, went
+        over its quota, or (script mode) left threads or processes behind. Only a process that never said it
+        was ready (:func:`.confine.signal_ready`) is a sandbox fault (``SETUP``)."""
         limits = program["limits"]
         session = program.get("session")
         if session is None:
             session = self._open_session(program, child_fn)
             program["session"] = session
         cpu_before = proc_cpu(session["pid"])
-        done_before = session["tests"]
-        session["tests"] += 1
         start = time.monotonic()
         try:
             write_frame(session["to_child"], {"op": "test"}, payload)
-            frame = self._read_child(session, start + limits["wall_s"])
+            answer = self._read_child(session, start + limits["wall_s"], limits)
         except OSError:
-            frame = "eof"
+            answer = ("eof",)
         wall = time.monotonic() - start
-        if not isinstance(frame, tuple):
+        if answer[0] == "frame" and not self._ready(session):
+            answer = ("eof",)  # an answer before the ready byte is not one of our runner's
+        if answer[0] != "frame":
             # "eof": the process is exiting (its pipe closes before it becomes a zombie: give it a moment)
-            alive = frame == "timeout" or not wait_exit(session["pid"], 2.0)
+            alive = answer[0] != "eof" or not wait_exit(session["pid"], 2.0)
             self._close_session(session)
             program["session"] = None
             status, rusage = session.get("exit", (None, None))
             cpu = max(0.0, rusage.ru_utime + rusage.ru_stime - cpu_before) if rusage is not None else 0.0
-            reply = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "session_tests": done_before}
-            if alive:
+            reply = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
+            if not session["ready"]:
+                reply.update(status="SETUP",
+                             error=join_text("the test process could not be confined", session.get("err_tail", "")))
+            elif answer[0] == "quota":
+                reply.update(status="QUOTA", error=answer[1])
+            elif alive:
                 reply.update(status="TLE", error=f"wall-clock limit ({limits['wall_s']:g} s)")
             elif status is not None and os.WIFSIGNALED(status):
                 reply.update(signal_verdict(os.WTERMSIG(status), cpu, limits))
-            elif status is not None and os.WEXITSTATUS(status) == EXIT_SETUP_FAILED:
-                reply.update(status="SETUP",
-                             error=join_text("the test process could not start", session.get("err_tail", "")))
             elif session.get("error"):
                 reply.update(status="RE", error=session["error"])
             elif program["parity"] == "lcb":
@@ -434,16 +483,14 @@ class Zygote:
                                                 "(LiveCodeBench counts this as a global failure, -1)")
             else:
                 code = os.WEXITSTATUS(status) if status is not None else -1
-                reply.update(status="RE", error=(f"exited with code {code}" if code else
-                                                 "exited before the runner could report (os._exit?)"))
+                reply.update(status="RE", error=join_text(f"exited with code {code}" if code else
+                                                          "exited before the runner could report (os._exit?)",
+                                                          session.get("err_tail", "")))
             return reply, b""
-        header, out = frame
+        _, header, out = answer
         cpu = max(0.0, proc_cpu(session["pid"]) - cpu_before)
-        reply = {"status": header.get("status", "RE"), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
-                 "session_tests": done_before}
-        if reply["status"] == "SETUP":
-            reply["error"] = str(header.get("error", ""))[-STDERR_TAIL:]
-        elif reply["status"] not in ("ok", "RE", "MLE", "CE", "TLE"):
+        reply = {"status": header.get("status", "RE"), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
+        if reply["status"] not in ("ok", "RE", "MLE", "CE", "TLE"):
             reply.update(status="RE", error="malformed result from the test process")
         elif "error" in header:
             reply["error"] = str(header["error"])[-STDERR_TAIL:]
@@ -452,7 +499,11 @@ class Zygote:
         if len(out) > limits["output_bytes"]:
             reply.update(status="OLE", error=f"output limit ({limits['output_bytes']} bytes) exceeded")
             out = b""
-        if header.get("dirty") or reply["status"] in ("TLE", "SETUP"):
+        quota = self.meter.exceeded(session["work"], session["pid"], limits)
+        if quota is not None:
+            reply.update(status="QUOTA", error=quota)
+            out = b""
+        if header.get("dirty") or reply["status"] in ("TLE", "QUOTA"):
             self._close_session(session)
             program["session"] = None
         return reply, out
@@ -463,67 +514,58 @@ class Zygote:
         limits = dict(program["limits"])
         # one process runs every test: its CPU cap covers all of them (each test is checked on its own)
         limits["time_s_total"] = (limits["time_s"] + 1) * max(1, program["ntests"]) + 1
-        scratch, fds = self._new_io(b"", session=True)
+        folder, work, fds = self._new_io(b"", session=True)
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(to_child_w, False)
-        pid = os.fork()
-        if pid == 0:
-            # the child reads test frames on fd 3 and writes results on fd 4 (where script children
-            # find their record/value files)
-            self._child(limits, os.path.join(scratch, "work"), {**fds, "rec": to_child_r, "val": from_child_w},
-                        stdout_to_null=False)
-            try:
-                child_fn(program)
-            except BaseException as exc:
-                try:
-                    text = "test process failed: " + format_error(exc, __file__)
-                    os.write(2, text.encode("utf-8", "replace"))
-                    write_frame(4, {"status": "SETUP", "error": text})
-                finally:
-                    os._exit(EXIT_SETUP_FAILED)
-            finally:
-                os._exit(EXIT_SETUP_FAILED)
+        # the child reads test frames on fd 3 and writes results on fd 4 (where script children find their
+        # record/value files)
+        pid, ready_fd = self._fork_test_process(limits, work, {**fds, "rec": to_child_r, "val": from_child_w},
+                                                lambda: child_fn(program))
         os.close(to_child_r)
         os.close(from_child_w)
-        return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": scratch,
-                "fds": fds, "dead": False, "tests": 0}
+        return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": folder,
+                "work": work, "fds": fds, "ready_fd": ready_fd, "ready": False}
 
-    def _read_child(self, session, deadline):
-        """One ``(header, payload)`` frame from the test process before ``deadline``; else ``"timeout"``
-        or ``"eof"`` (it exited, or sent something malformed)."""
+    def _read_child(self, session, deadline, limits):
+        """The test process's answer before ``deadline``: ``("frame", header, payload)``; ``("timeout",)``,
+        ``("eof",)`` (it exited, or sent something malformed) or ``("quota", why)`` (read every
+        ``QUOTA_POLL_S`` while it runs)."""
         fd = session["from_child"]
         buf = session["buf"]
         while True:
             if len(buf) >= FRAME.size:
                 hlen, plen = FRAME.unpack(buf[:FRAME.size])
-                if hlen > RECORD_CAP or plen > self.program["limits"]["output_bytes"] + 1:
+                if hlen > RECORD_CAP or plen > limits["output_bytes"] + 1:
                     session["error"] = "malformed or oversized result from the test process"
-                    return "eof"
+                    return ("eof",)
                 total = FRAME.size + hlen + plen
                 if len(buf) >= total:
                     try:
                         header = json.loads(buf[FRAME.size:FRAME.size + hlen].decode("utf-8"))
-                    except (ValueError, UnicodeDecodeError):
+                    except (ValueError, UnicodeDecodeError, RecursionError):
                         session["error"] = "malformed result from the test process"
-                        return "eof"
+                        return ("eof",)
                     session["buf"] = buf[total:]
-                    return (header if isinstance(header, dict) else {}), buf[FRAME.size + hlen:total]
+                    return "frame", (header if isinstance(header, dict) else {}), buf[FRAME.size + hlen:total]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return "timeout"
+                return ("timeout",)
             poller = select.poll()
             poller.register(fd, select.POLLIN)
             poller.register(self.ctl_in, select.POLLHUP)
-            events = dict(poller.poll(max(1, int(remaining * 1000) + 1)))
+            events = dict(poller.poll(max(1, int(min(remaining, QUOTA_POLL_S) * 1000) + 1)))
             if self.ctl_in in events and fd not in events:
                 self._close_session(session)
                 self._die()
             if fd not in events:
-                return "timeout"
+                quota = self.meter.exceeded(session["work"], session["pid"], limits)
+                if quota is not None:
+                    return "quota", quota
+                continue
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                return "eof"
+                return ("eof",)
             buf += chunk
             session["buf"] = buf
 
@@ -545,6 +587,8 @@ class Zygote:
             session["exit"] = (status, rusage)
         except ChildProcessError:
             pass
+        self._ready(session)
+        self._close_ready(session)
         try:
             session["err_tail"] = read_tail(session["fds"]["err"], STDERR_TAIL).decode("utf-8", "replace")
         except OSError:

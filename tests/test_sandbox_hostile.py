@@ -1,0 +1,488 @@
+"""Hostile programs against the grader, at both isolation levels: a program's failure is that program's verdict,
+never the batch's; nothing crosses from one program to the next; nothing outside the sandbox can be reached or
+changed; disk and file counts are capped; untrusted code is compiled only inside the confinement.
+
+Each class of attack has its own test, run at the ``bwrap`` level (skipped where bubblewrap cannot run) and at the
+``process`` level (forced). Every attack is bounded by itself and harmless if it worked (it sets a value to what it
+already was, connects to a listener of the test's own, writes a few MiB), and each reports success on stdout, so a
+pass or a ``got`` that names an attack is a hole.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mars2.data.schema import TestCase as Case
+from mars2.sandbox import GradeJob, SandboxPool, grade_detailed, grade_many, grade_many_detailed, probe_isolation
+from mars2.sandbox import isolation
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+ADD_TESTS = (Case("1 2\n", "3"), Case("10 -4\n", "6"))
+ATTACKED = "ATTACK-SUCCEEDED"
+LEVELS = ["bwrap", "process"]
+
+
+def _level_available(level: str) -> bool:
+    return level == "process" or bool(probe_isolation().get("bwrap"))
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def pool(request):
+    if not _level_available(request.param):
+        pytest.skip("bubblewrap cannot run here")
+    p = SandboxPool(1, request.param)
+    assert grade_many([GradeJob(ADD, ADD_TESTS)], executor=p)[0].all_passed
+    yield p
+    p.close()
+
+
+def _honest_around(pool: SandboxPool, hostile: str, tests=ADD_TESTS, **kw):
+    """Grade [honest, hostile, honest] in one batch: three rows must come back, the honest ones passing."""
+    rows = grade_many([GradeJob(ADD, ADD_TESTS), GradeJob(textwrap.dedent(hostile), tests), GradeJob(ADD, ADD_TESTS)],
+                      executor=pool, **kw)
+    assert len(rows) == 3
+    assert rows[0].all_passed and rows[2].all_passed, rows
+    return rows[1]
+
+
+# ---- 1. a program's exit status or bytes on inherited descriptors never look like a sandbox failure -------------
+
+IMPERSONATIONS = {
+    "exit status of a set-up failure": "import posix\nposix._exit(121)\n",
+    "forged SETUP frame on every inherited descriptor": """
+        import json, posix, struct
+        head = json.dumps({"status": "SETUP", "error": "forged"}).encode()
+        frame = struct.pack("<II", len(head), 0) + head
+        for fd in range(64):
+            try:
+                posix.write(fd, frame)
+            except OSError:
+                pass
+        posix._exit(121)
+        """,
+    "killed by SIGSEGV before printing": "import posix, signal\nposix.kill(posix.getpid(), signal.SIGSEGV)\n",
+}
+
+
+@pytest.mark.parametrize("mode", ["session", "isolate", "lcb"])
+@pytest.mark.parametrize("name", sorted(IMPERSONATIONS))
+def test_a_program_cannot_pass_itself_off_as_a_sandbox_failure(pool, name, mode):
+    starts = pool.slots[0].starts
+    kw = {"isolate_tests": True} if mode == "isolate" else {"parity": "lcb"} if mode == "lcb" else {}
+    verdict = _honest_around(pool, IMPERSONATIONS[name], **kw)
+    assert verdict.status == "RE" and "sandbox failure" not in verdict.detail, verdict
+    assert pool.slots[0].starts == starts, "the zygote was restarted for a program's own failure"
+
+
+def test_cli_writes_every_row_whatever_a_program_does(tmp_path, pool):
+    problems, samples = _problem_files(tmp_path, {"add": ADD_TESTS})
+    rows = [{"question_id": "add", "code": ADD}]
+    rows += [{"question_id": "add", "code": textwrap.dedent(code)} for code in IMPERSONATIONS.values()]
+    rows += [{"question_id": "add", "code": ADD}]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    proc = _cli(problems, samples, out, "--isolation", pool.level)
+    assert proc.returncode == 0, proc.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["passed"] for r in got] == [True] + [False] * len(IMPERSONATIONS) + [True]
+    assert all(r["status"] == "RE" for r in got[1:-1])
+
+
+# ---- 6. untrusted code is compiled inside the confinement -------------------------------------------------------
+
+def test_a_compiler_crashing_program_only_fails_itself(pool):
+    starts = pool.slots[0].starts
+    bomb = "x = " + "1+" * 100_000 + "1\nprint(x)\n"  # segfaults CPython 3.11's compiler at a deep recursion limit
+    verdict = _honest_around(pool, bomb)
+    assert verdict.status in ("RE", "CE") and "sandbox failure" not in verdict.detail, verdict
+    assert pool.slots[0].starts == starts, "compiling the program took the zygote down"
+
+
+# ---- 2. nothing crosses from one program to the next ------------------------------------------------------------
+
+LEARNER = """
+    import os
+    places = ["..", "../..", "../../..", "/tmp", "/tmp/sb", "/dev/shm", "/var/tmp", "/run/shm"]
+
+    def recall(name):
+        for place in places:
+            try:
+                return open(os.path.join(place, name)).read().split()
+            except OSError:
+                pass
+        return []
+
+    def remember(name, words):
+        for place in places:
+            try:
+                with open(os.path.join(place, name), "w") as f:
+                    f.write(" ".join(words))
+            except OSError:
+                pass
+
+    first = input().strip()
+    tried, learned = recall(".mars2-tried"), recall(".mars2-learned")
+    if first == "secret":                   # test 1: guess its hidden answer, or use what an earlier copy learned
+        guess = learned[0] if learned else str(len(tried) % 10)
+        remember(".mars2-tried", tried + [guess])
+        print(guess)
+    else:                                   # given test 2: this copy's guess for test 1 was right
+        remember(".mars2-learned", tried[-1:])
+        print(first)
+    """
+
+
+def test_later_copies_cannot_learn_hidden_answers_from_earlier_ones(pool):
+    """A program that guesses the hidden answer of test 1 and learns from "was I given test 2?" (stop at the first
+    failure) would, with any state that survives between programs, pass every copy after its first right guess.
+    With nothing surviving, every copy makes the same first guess ("0") and none passes (the answer is 7)."""
+    tests = (Case("secret\n", "7"), Case("echo\n", "echo"))
+    verdicts = grade_many([GradeJob(textwrap.dedent(LEARNER), tests)] * 12, executor=pool, stop_at_first_failure=True)
+    assert [v.passed for v in verdicts] == [0] * 12, [v.detail for v in verdicts]
+
+
+def test_files_left_by_one_program_are_invisible_to_the_next(pool):
+    writer = """
+        import os
+        made = 0
+        for place in [".", "..", "../..", "../../..", "/tmp", "/dev/shm", "/var/tmp"]:
+            try:
+                os.makedirs(os.path.join(place, "mars2-left-behind"), exist_ok=True)
+                made += 1
+            except OSError:
+                pass
+        print(made)
+        """
+    reader = """
+        import os
+        seen = []
+        for top in [".", "..", "../..", "../../..", "/tmp", "/dev/shm", "/var/tmp"]:
+            try:
+                for root, dirs, files in os.walk(top):
+                    seen += [d for d in dirs + files if "left-behind" in d]
+                    if root.count("/") > 8:
+                        break
+            except OSError:
+                pass
+        print("ATTACK-SUCCEEDED" if seen else "clean")
+        """
+    grade_many([GradeJob(textwrap.dedent(writer), (Case("", "0"),))], executor=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(reader), (Case("", "clean"),))], executor=pool)
+    assert verdict.all_passed, verdict.detail
+    assert _slot_scratch_entries(pool) == [], "a program's scratch folder outlived its verdict"
+
+
+def test_scratch_folders_are_private_and_unguessable(pool):
+    code = """
+        import os
+        here = os.getcwd()
+        try:
+            listed = os.listdir(os.path.dirname(os.path.dirname(here)))
+        except OSError:
+            listed = None
+        print("ATTACK-SUCCEEDED" if listed is not None or os.path.basename(os.path.dirname(here)).startswith("w")
+              else "private")
+        """
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "private"),))], executor=pool)
+    assert verdict.all_passed, verdict.detail
+
+
+# ---- 3. outside the sandbox nothing can be changed (the process level as much as bwrap) ------------------------
+
+OUTSIDE = """
+    # prints "none" when every attempt was refused, else the list of those that worked
+    import ctypes, os, resource, socket
+    victim = int(input())
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = []
+    def attempt(name, fn):
+        try:
+            if fn() in (None, 0):
+                done.append(name)
+        except (OSError, ValueError):
+            pass
+    # each sets a value to what it already was: harmless if it works, but it must not be allowed
+    attempt("prlimit of another process",
+            lambda: resource.prlimit(victim, resource.RLIMIT_CORE, resource.prlimit(victim, resource.RLIMIT_CORE)))
+    attempt("priority of another process",
+            lambda: os.setpriority(os.PRIO_PROCESS, victim, os.getpriority(os.PRIO_PROCESS, victim)))
+    attempt("priority of the whole uid", lambda: os.setpriority(os.PRIO_USER, 0, os.getpriority(os.PRIO_USER, 0)))
+    attempt("affinity of another process", lambda: os.sched_setaffinity(victim, os.sched_getaffinity(victim)))
+    attempt("hostname", lambda: libc.sethostname(socket.gethostname().encode(), len(socket.gethostname())))
+    tz = (ctypes.c_int * 2)()
+    libc.gettimeofday(None, tz)
+    attempt("clock (timezone)", lambda: libc.settimeofday(None, tz))
+    attempt("device node", lambda: os.mknod("disk", 0o600 | 0o060000, os.makedev(7, 0)))
+    attempt("char device node", lambda: os.mknod("null", 0o600 | 0o020000, os.makedev(1, 3)))
+    caps = (ctypes.c_uint32 * 6)()
+    head = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    if libc.capget(head, caps) == 0 and any(caps):
+        done.append("capabilities " + " ".join(hex(c) for c in caps))
+    print(done or "none")
+    """
+
+
+def test_nothing_outside_the_sandbox_can_be_changed(pool):
+    before = resource.getrlimit(resource.RLIMIT_CORE), os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
+    hostname = socket.gethostname()
+    [verdict] = grade_many([GradeJob(textwrap.dedent(OUTSIDE), (Case(f"{os.getpid()}\n", "none"),))],
+                           executor=pool)
+    assert verdict.all_passed, verdict.detail  # "got" lists what the program could do
+    assert (resource.getrlimit(resource.RLIMIT_CORE), os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getaffinity(0)) == before
+    assert socket.gethostname() == hostname
+
+
+def test_a_program_can_still_change_its_own_limits_and_priority(pool):
+    code = """
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+        os.nice(1)
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0))
+        os.sched_setaffinity(0, os.sched_getaffinity(0))
+        r, w = __import__("socket").socketpair()
+        w.send(b"ok")
+        print(r.recv(2).decode())
+        """
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "ok"),))], executor=pool)
+    assert verdict.all_passed, verdict.detail
+
+
+# ---- 4. host unix sockets are unreachable -------------------------------------------------------------------------
+
+def test_host_unix_sockets_are_unreachable(pool, tmp_path):
+    tmp_path.chmod(0o755)
+    path = str(tmp_path / "service.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o777)
+    listener.listen(1)
+    listener.settimeout(0.2)
+    code = f"""
+        import socket
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1)
+            s.connect({path!r})
+            s.sendall(b"GET /containers/json")
+            print("ATTACK-SUCCEEDED")
+        except OSError as e:
+            print("refused", type(e).__name__)
+        """
+    try:
+        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", ATTACKED),))], executor=pool)
+        assert verdict.status == "WA" and "refused" in verdict.detail, verdict.detail
+        with pytest.raises(OSError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+# ---- 5. disk and file quotas, and no folder outlives the grader -------------------------------------------------
+
+DISK_FILL = """
+    import os
+    chunk = b"x" * (1 << 20)
+    for i in range(200):                     # bounded: 200 MiB in 1 MiB files
+        with open(f"f{i}", "wb") as f:
+            f.write(chunk)
+    print("ATTACK-SUCCEEDED")
+    """
+MANY_FILES = """
+    import os
+    for i in range(20000):                   # bounded: 20,000 empty files
+        open(f"e{i}", "w").close()
+    print("ATTACK-SUCCEEDED")
+    """
+HIDDEN_FILES = """
+    import os, time
+    held = []
+    chunk = b"x" * (1 << 20)
+    for i in range(12):                      # bounded: 12 x 12 MiB, each unlinked while still open
+        f = open(f"h{i}", "wb")
+        os.unlink(f"h{i}")
+        for _ in range(12):
+            f.write(chunk)
+        f.flush()
+        held.append(f)
+    time.sleep(0.5)
+    print("ATTACK-SUCCEEDED")
+    """
+
+
+@pytest.mark.parametrize("code", [pytest.param(DISK_FILL, id="bytes"), pytest.param(MANY_FILES, id="files"),
+                                  pytest.param(HIDDEN_FILES, id="unlinked")])
+def test_disk_and_file_quotas(pool, code):
+    start = time.monotonic()
+    verdict = _honest_around(pool, code)
+    assert verdict.status == "RE" and "quota" in verdict.detail, verdict
+    assert time.monotonic() - start < 30
+    assert _slot_scratch_entries(pool) == []
+
+
+def test_a_program_within_the_quotas_can_use_files(pool):
+    code = """
+        import os
+        os.makedirs("sub/dir")
+        with open("sub/dir/a.txt", "w") as f:
+            f.write("x" * 100_000)
+        for i in range(20):
+            open(f"t{i}", "w").close()
+        print(len(open("sub/dir/a.txt").read()) + len(os.listdir(".")))
+        """
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "100021"),), )], executor=pool)
+    assert verdict.all_passed, verdict.detail
+
+
+def test_slot_folders_do_not_outlive_a_killed_grader(tmp_path):
+    """The process level keeps its scratch on the host: after ``kill -9`` of the grader the zygote removes its slot's
+    folder, and a folder left by a grader and zygote both killed is reclaimed by the next pool that starts."""
+    problems, samples = _problem_files(tmp_path, {"add": ADD_TESTS})
+    writer = "import time\nfor i in range(50):\n    open(f'k{i}', 'w').write('x' * 1000)\ntime.sleep(30)\n"
+    samples.write_text(json.dumps({"question_id": "add", "code": writer}) + "\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(_cli_argv(problems, samples, tmp_path / "out.jsonl", "--isolation", "process",
+                                      "--workers", "1"), env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("mars2-sandbox/*/scratch/*/work/k49")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the program never ran"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while list(tmp.glob("mars2-sandbox/*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(tmp.glob("mars2-sandbox/*")) == []
+
+    stale = tmp / "mars2-sandbox" / "12345-0-deadbeef"
+    (stale / "scratch" / "x" / "work").mkdir(parents=True)
+    (stale / "scratch" / "x" / "work" / "left.bin").write_bytes(b"x" * 4096)
+    (stale / "lock").touch()
+    isolation.reclaim_stale_slot_dirs(str(tmp / "mars2-sandbox"))
+    assert not stale.exists()
+
+
+# ---- 7. malformed input: a clear error per row or per flag, never a traceback or lost rows -----------------------
+
+def test_lone_surrogates_in_test_data_are_a_row_error(tmp_path):
+    problems, samples = _problem_files(tmp_path, {
+        "add": ADD_TESTS,
+        "bad-stdin": (Case("1 \ud800\n", "3"),),
+        "bad-functional": (Case('"\ud800"', "1", "functional"),),
+    }, func_names={"bad-functional": "f"})
+    rows = [{"question_id": q, "code": ADD} for q in ("add", "bad-stdin", "bad-functional", "add")]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    proc = _cli(problems, samples, out, "--isolation", "process")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["passed"] for r in got] == [True, False, False, True]
+    assert all("surrogate" in got[i]["error"] for i in (1, 2)), got
+
+
+def test_lone_surrogates_name_the_job_in_the_library():
+    from mars2.sandbox import TestDataError
+
+    with pytest.raises(TestDataError, match=r"job 1, test 1: .*surrogate"):
+        grade_many([GradeJob(ADD, ADD_TESTS), GradeJob(ADD, (Case("\ud800", "1"),))], isolation="process")
+
+
+@pytest.mark.parametrize("flags,word", [
+    (["--time-limit", "inf"], "--time-limit"), (["--time-limit", "nan"], "--time-limit"),
+    (["--time-limit", "1e-9"], "--time-limit"), (["--time-limit", "-1"], "--time-limit"),
+    (["--memory-mb", "0"], "--memory-mb"), (["--memory-mb", "99999999999"], "--memory-mb"),
+    (["--workers", "100000"], "--workers"), (["--disk-mb", "0"], "--disk-mb"),
+])
+def test_bad_flags_are_one_clear_line(tmp_path, flags, word):
+    problems, samples = _problem_files(tmp_path, {"add": ADD_TESTS})
+    samples.write_text(json.dumps({"question_id": "add", "code": ADD}) + "\n")
+    out = tmp_path / "out.jsonl"
+    proc = _cli(problems, samples, out, *flags)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert word in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
+
+
+# ---- a genuinely broken slot reports its own rows, the others are graded ----------------------------------------
+
+def test_a_broken_slot_loses_no_rows():
+    pool = SandboxPool(2, "process")
+    broken = pool.slots[1]
+    config = broken.zygote_config
+    broken.zygote_config = lambda: {**config(), "uid": -5, "gid": -5}  # setresuid(-5) fails in every test process
+    try:
+        graded = grade_many_detailed([GradeJob(ADD, ADD_TESTS)] * 8, executor=pool)
+        assert len(graded) == 8
+        statuses = {(g.verdict.status, "sandbox failure" in g.verdict.detail) for g in graded}
+        assert statuses <= {("AC", False), ("RE", True)}, statuses
+        assert ("AC", False) in statuses and ("RE", True) in statuses
+        assert pool.failures >= 1
+    finally:
+        pool.close()
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------------
+
+def _problem_files(tmp_path: Path, problems: dict, func_names: dict | None = None) -> tuple[Path, Path]:
+    rows = []
+    for qid, tests in problems.items():
+        rows.append({
+            "question_id": qid, "question_title": qid, "question_content": "add two numbers", "platform": "atcoder",
+            "contest_id": "c", "contest_date": "2024-01-01T00:00:00", "starter_code": "", "difficulty": "easy",
+            "public_test_cases": json.dumps([{"input": t.input, "output": t.output, "testtype": t.testtype}
+                                             for t in tests]),
+            "private_test_cases": json.dumps([]),
+            "metadata": json.dumps({"func_name": (func_names or {}).get(qid)} if func_names and qid in func_names
+                                   else {}),
+        })
+    problems_path = tmp_path / "problems.jsonl"
+    problems_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return problems_path, tmp_path / "samples.jsonl"
+
+
+def _cli_argv(problems: Path, samples: Path, out: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "mars2.sandbox", "--problems", str(problems), "--samples", str(samples),
+            "--tests", "public", "--out", str(out), *flags]
+
+
+def _cli(problems: Path, samples: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_cli_argv(problems, samples, out, *flags), capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def _slot_scratch_entries(pool: SandboxPool) -> list[str]:
+    """What is left in the slot's scratch root between programs (seen from the host; for bwrap through the
+    zygote's own mount namespace)."""
+    slot = pool.slots[0]
+    if slot.proc is None:
+        return []
+    root = slot.scratch_root_on_host()
+    deadline = time.monotonic() + 5  # the zygote removes a program's folder after its last result
+    while True:
+        try:
+            left = sorted(os.listdir(root))
+        except FileNotFoundError:
+            return []
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
