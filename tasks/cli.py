@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from mars2.config import ConfigError
 from tasks import runtime
+
+MIN_FREE_MIB = 64  # a run folder with less free space than this is refused before anything starts
 
 
 def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list[str]], object], what: str) -> None:
@@ -25,6 +31,15 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         check(overrides)
     except ConfigError as e:
         sys.exit(f"mars2: {getattr(e, 'label', 'config error')}: {e}")
+    root = runtime.run_root()
+    try:
+        free = shutil.disk_usage(root if root.exists() else root.parent).free
+    except OSError:
+        free = None
+    if free is not None and free < MIN_FREE_MIB << 20:
+        sys.exit(f"mars2: {no_space_left(OSError(errno.ENOSPC, 'No space left on device'), root)}: the {what} needs "
+                 f"at least {MIN_FREE_MIB} MiB free in its run folder to start (MARS2_HOME). Free some space, or point "
+                 "MARS2_HOME at a larger filesystem.")
     # SIGTERM (a scheduler, `kill`) exits through Python's unwinding, so the temporary server is stopped; the default
     # handler would leave it running with no parent
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -32,8 +47,44 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         with _temporary_server():
             flow(overrides)
     except Exception as e:
+        full = no_space_left(e, runtime.run_root())
+        if full is not None:
+            sys.exit(f"mars2: {full}: the {what} failed: {type(e).__name__}: {e}\n"
+                     "Free some space there and run the same command again: finished stages come back from cache.")
         sys.exit(f"mars2: the {what} failed: {type(e).__name__}: {e}\n"
                  "Fix the cause and run the same command again: finished stages come back from cache.")
+
+
+def no_space_left(error: BaseException, root: Path) -> str | None:
+    """``"no space left on <mount point> (...)"`` when ``error`` or anything in its chain is a full disk (an
+    ``ENOSPC`` OSError, or a database or library error that says so), or when the run folder's filesystem has less
+    than 1 MiB free; else None."""
+    where, writing = None, False
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack and where is None:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            where, writing = (Path(os.fsdecode(e.filename)), True) if e.filename else (root, False)
+        elif "No space left on device" in str(e) or "database or disk is full" in str(e):
+            where = root
+        stack += [e.__cause__, e.__context__]
+    try:
+        if where is None and shutil.disk_usage(root).free < 1 << 20:
+            where = root
+        if where is None:
+            return None
+        mount = Path(where).resolve()
+        while not mount.exists() or not os.path.ismount(mount):
+            mount = mount.parent
+        free = shutil.disk_usage(mount).free
+    except OSError:
+        return f"no space left on {where}" if where is not None else None
+    what = f"writing {where}" if writing else f"the run folder {root}"
+    return f"no space left on {mount} ({what}; {free / (1 << 20):.1f} MiB free)"
 
 
 @contextlib.contextmanager

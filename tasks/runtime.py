@@ -67,8 +67,28 @@ def start_temporary_server() -> None:
     ``create_app``, no UI), its start overlaps this process's own imports and config checks. It is bound to this
     process: stopped at exit (a normal end, an error, SIGTERM/SIGINT), and killed by the kernel if this process dies
     (``PR_SET_PDEATHSIG``), so even ``kill -9`` leaves no server behind. :func:`temporary_server_url` hands it over.
+
+    Flows started at once on one run folder share its Prefect database, and a server migrates it as it starts: one
+    server starts at a time (an ``flock`` on ``temporary-server.lock`` in ``PREFECT_HOME``, held until the server
+    answers), so a second process launches its own once the first one's migrations are done. Each server logs to a
+    file of its own, removed when it stops cleanly.
     """
     import atexit
+    import fcntl
+
+    home = Path(os.environ["PREFECT_HOME"])
+    lock = os.open(home / "temporary-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _server.update(lock=lock, log=home / f"temporary-server-{os.getpid()}.log")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _server["deferred"] = True  # another flow's server is starting on this database: launch once it answers
+    else:
+        _launch_temporary_server()
+    atexit.register(stop_temporary_server)
+
+
+def _launch_temporary_server() -> None:
     import socket
     import subprocess
 
@@ -78,51 +98,69 @@ def start_temporary_server() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    log = Path(os.environ["PREFECT_HOME"]) / "temporary-server.log"  # its shutdown chatter stays off the console
-    with open(log, "wb") as out:
+    with open(_server["log"], "wb") as out:  # its shutdown chatter stays off the console
         proc = popen_bound([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
                            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-    _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", log=log)
-    atexit.register(stop_temporary_server)
+    _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", deferred=False)
+
+
+def _release_start_lock() -> None:
+    lock = _server.pop("lock", None)
+    if lock is not None:
+        os.close(lock)  # releases the flock
 
 
 def temporary_server_url(timeout_s: float = 120.0) -> str | None:
     """The URL of the server :func:`start_temporary_server` started, once it answers; None if none was started or
     Prefect is configured with a server of its own (a profile, ``.env``, ``prefect.toml``: the early one is stopped)."""
+    import fcntl
     import time
 
     import httpx
     from prefect.settings import PREFECT_API_URL
 
-    proc = _server.get("proc")
-    if proc is None:
+    if "log" not in _server:
         return None
     if PREFECT_API_URL.value():
         stop_temporary_server()
         return None
     limit = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", timeout_s))
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = "\n".join(_server["log"].read_text(errors="replace").splitlines()[-15:])
-            raise RuntimeError(f"Prefect's temporary server exited with code {proc.returncode} before it answered; "
-                               f"the end of {_server['log']}:\n{tail}\nSet PREFECT_API_URL to use a running server "
-                               "instead")
-        try:
-            if httpx.get(f"{_server['url']}/health", timeout=2).status_code == 200:
-                return _server["url"]
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    stop_temporary_server()
-    raise RuntimeError(f"Prefect's temporary server did not answer within {limit:.0f} s "
-                       "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+    try:
+        while _server.get("deferred"):
+            try:
+                fcntl.flock(_server["lock"], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _launch_temporary_server()
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"another flow's Prefect server on {os.environ['PREFECT_HOME']} did not finish "
+                                       f"starting within {limit:.0f} s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                time.sleep(0.2)
+        proc = _server["proc"]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = "\n".join(_server["log"].read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"Prefect's temporary server exited with code {proc.returncode} before it answered; "
+                                   f"the end of {_server['log']}:\n{tail}\nSet PREFECT_API_URL to use a running server "
+                                   "instead")
+            try:
+                if httpx.get(f"{_server['url']}/health", timeout=2).status_code == 200:
+                    return _server["url"]
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        stop_temporary_server()
+        raise RuntimeError(f"Prefect's temporary server did not answer within {limit:.0f} s "
+                           "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+    finally:
+        _release_start_lock()
 
 
 def stop_temporary_server() -> None:
     import subprocess
 
+    _release_start_lock()
     proc = _server.pop("proc", None)
     if proc is not None and proc.poll() is None:
         proc.terminate()
@@ -131,4 +169,5 @@ def stop_temporary_server() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
+        else:
+            Path(_server["log"]).unlink(missing_ok=True)

@@ -4,8 +4,10 @@ A stage's cache key is sha256 of (stage name, code version, its parameters excep
 config subtrees enter as plain dicts (without the fields marked ``metadata={"cache_key": False}``) and upstream
 stages enter as their records' keys and file fingerprints (:func:`mars2.io.file_fingerprint`). The
 artefact folder is ``<root>/artifacts/<stage>/<key[:16]>``. Prefect stores only the record (paths +
-hashes + metrics + the weights it hands on) in ``<root>/prefect-results``, so the cache survives a process restart;
-a record whose folder has disappeared is not trusted (the stage runs again and rewrites the folder).
+hashes + metrics + the weights it hands on) in ``<root>/prefect-results``, so the cache survives a process restart.
+A finished folder is reused only as it was written: a record whose folder has disappeared, or whose artefacts no
+longer match the fingerprints in its ``MANIFEST.json`` (edited, truncated, deleted), is not trusted; such a folder
+is moved aside under a name that says so, a warning names the files, and the stage runs again.
 
 Weights travel between stages as :class:`AgentWeights` per weight owner in :attr:`StageRecord.weights`
 (agents, bootstrap, checkpoints and update records), read through :meth:`StageRecord.weights_of`.
@@ -18,13 +20,17 @@ import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mars2.io import atomic_dir, atomic_write_json, folder_fingerprints, sha256_json
+from mars2.io import atomic_dir, atomic_write_json, file_fingerprint, folder_fingerprints, sha256_json
+from mars2.train.checkpoints import PRUNED
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 RESULTS_DIR = "prefect-results"  # Prefect's result storage inside the run folder (cache records)
@@ -161,15 +167,16 @@ def stage_dir(root: str | Path, stage: str, digest: str) -> Path:
 def cache_key_fn(stage: str, modules: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], str]:
     """Prefect cache key function of a stage: ``<stage>-<digest>``.
 
-    Self-healing: if the stage's folder is missing, the Prefect record stored under that key (a file of the same
-    name in the result storage) is deleted first, so the stage runs again and a record never outlives its files.
+    Self-healing: if the stage's folder is missing or no longer as it was written (:func:`reusable`), the Prefect
+    record stored under that key (a file of the same name in the result storage) is deleted first, so the stage
+    runs again and a record never outlives its files.
     """
 
     def key(_context: Any, parameters: dict[str, Any]) -> str:
         digest = stage_digest(stage, modules, parameters)
         name = f"{stage}-{digest}"
         root = Path(parameters["ctx"].root)
-        if not (stage_dir(root, stage, digest) / MANIFEST).exists():
+        if not reusable(stage_dir(root, stage, digest), stage):
             (root / RESULTS_DIR / name).unlink(missing_ok=True)
         return name
 
@@ -187,7 +194,7 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
     """
     digest = stage_digest(stage, modules, parameters)
     final = stage_dir(ctx.root, stage, digest)
-    if (final / MANIFEST).exists():
+    if reusable(final, stage):
         return StageRecord(**json.loads((final / MANIFEST).read_text()))
     if ctx.fail_at == stage:
         raise StageFault(f"fault injected in stage {stage!r} (debug.fail_at={stage})")
@@ -203,6 +210,49 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
     return StageRecord(**json.loads((final / MANIFEST).read_text()))
 
 
+def altered_artefacts(folder: Path) -> list[str]:
+    """The artefacts of a finished stage folder that differ from what its ``MANIFEST.json`` recorded, each as
+    ``"<name> (modified|missing)"``; files the pipeline pruned on purpose (a :data:`PRUNED` note names their folder)
+    and files added beside the recorded ones do not count."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{MANIFEST} (unreadable)"]
+    try:
+        pruned = json.loads((folder / PRUNED).read_text())["optimizer_dir"] + "/"
+    except (OSError, ValueError, KeyError, TypeError):
+        pruned = None
+    altered = []
+    for name, fingerprint in files.items():
+        path = folder / name
+        if not path.is_file():
+            if pruned is None or not name.startswith(pruned):
+                altered.append(f"{name} (missing)")
+        elif file_fingerprint(path) != fingerprint:
+            altered.append(f"{name} (modified)")
+    return altered
+
+
+def reusable(folder: Path, stage: str) -> bool:
+    """Whether a stage's folder is finished (``MANIFEST.json``) and every artefact in it is as the stage wrote it.
+    A folder whose artefacts changed is moved to ``<folder>.altered-<unix time>`` with a warning naming them, so the
+    stage runs again instead of handing them on."""
+    if not (folder / MANIFEST).exists():
+        return False
+    altered = altered_artefacts(folder)
+    if not altered:
+        return True
+    aside = folder.with_name(f"{folder.name}.altered-{int(time.time())}")
+    try:
+        folder.rename(aside)
+    except FileNotFoundError:  # another run moved it first
+        return False
+    shown = ", ".join(altered[:5]) + (f" and {len(altered) - 5} more" if len(altered) > 5 else "")
+    log.warning("stage %s: %s in %s no longer match the fingerprints its MANIFEST.json recorded; the folder is "
+                "moved to %s and the stage runs again", stage, shown, folder, aside)
+    return False
+
+
 def current_parameters() -> dict[str, Any]:
     """The bound parameters of the running Prefect task (the same dict its cache key was computed from)."""
     from prefect.context import TaskRunContext
@@ -213,5 +263,5 @@ def current_parameters() -> dict[str, Any]:
     return dict(ctx.parameters)
 
 
-__all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "cache_key_fn", "code_version", "current_parameters",
-           "run_stage", "sha256_json", "stage_digest", "stage_dir"]
+__all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "cache_key_fn", "code_version",
+           "current_parameters", "reusable", "run_stage", "sha256_json", "stage_digest", "stage_dir"]

@@ -4,8 +4,8 @@ One module-scoped sequence of runs in a fresh run folder:
   A  fault injected in grading → the run fails, finished stages are persisted;
   B  same command without the fault → only grading and what depends on it run, into A's MLflow run (resumed);
   C  same again → nothing runs, and no MLflow run is added;
-  D  a finished stage's folder is deleted → that stage runs again (a new MLflow run), its dependents come back
-     from cache.
+  D  a finished stage's folder is deleted, and another's verdicts.parquet is rewritten → both run again (a new MLflow
+     run; the rewritten file is named), their dependents come back from cache.
 """
 
 import os
@@ -79,6 +79,8 @@ def runs(tmp_path_factory):
     count_c = _run_count(home)
     grading_dirs = sorted((home / "artifacts" / "grading").iterdir())
     shutil.rmtree(grading_dirs[0])
+    tampered = grading_dirs[1] / "verdicts.parquet"
+    pd.read_parquet(tampered).assign(reward=1.0).to_parquet(tampered)  # every program "passes"
     d = _run(home, DATA_PARALLEL)
     run_d = _latest_run_id(home)
     return dict(home=home, a=a, b=b, c=c, d=d, ids=(run_a, run_b, run_c, run_d), snaps=(snap_a, snap_b),
@@ -129,11 +131,15 @@ def test_identical_rerun_executes_nothing(runs):
     assert len(lines) == 3 + 2 * 6  # data, agents, eval before + per cycle: rollout, grading, advantage, 2 updates, eval
 
 
-def test_deleted_artefacts_are_rebuilt_and_dependents_stay_cached(runs):
+def test_deleted_or_altered_artefacts_are_rebuilt_and_dependents_stay_cached(runs):
     assert runs["d"].returncode == 0, runs["d"].stderr[-3000:]
     table = _stage_table(runs["home"], runs["ids"][3])
     ran = set(map(tuple, table[table["status"] == "ran"][["cycle", "stage"]].values.tolist()))
-    assert len(ran) == 1 and next(iter(ran))[1] == "grading"  # rebuilt identically → its consumers hit cache
+    assert ran == {(0, "grading"), (1, "grading")}  # rebuilt identically → their consumers hit cache
+    assert "verdicts.parquet (modified)" in runs["d"].stderr
+    for verdicts in (runs["home"] / "artifacts" / "grading").glob("*/verdicts.parquet"):
+        if ".altered-" not in str(verdicts):
+            assert (pd.read_parquet(verdicts)["reward"] < 1).any()  # the computed rewards, not the rewritten ones
 
 
 def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):

@@ -89,18 +89,37 @@ def test_a_program_cannot_pass_itself_off_as_a_sandbox_failure(pool, name, mode)
     assert pool.slots[0].starts == starts, "the zygote was restarted for a program's own failure"
 
 
-def test_cli_writes_every_row_whatever_a_program_does(tmp_path, pool):
+def test_cli_grades_a_mixed_batch_and_leaves_nothing_behind(tmp_path, pool):
+    """``python -m mars2.sandbox`` on honest and hostile programs mixed: exit 0, one row per sample in order,
+    honest ones pass, hostile ones do not, the host name is unchanged, and no folder or process is left."""
     problems, samples = _problem_files(tmp_path, {"add": ADD_TESTS})
+    hostile = [*IMPERSONATIONS.values(), DISK_FILL, MANY_FILES, "x = " + "1+" * 100_000 + "1\n",
+               OUTSIDE.replace("int(input())", "1"), LEARNER]
     rows = [{"question_id": "add", "code": ADD}]
-    rows += [{"question_id": "add", "code": textwrap.dedent(code)} for code in IMPERSONATIONS.values()]
-    rows += [{"question_id": "add", "code": ADD}]
+    for code in hostile:
+        rows += [{"question_id": "add", "code": textwrap.dedent(code)}, {"question_id": "add", "code": ADD}]
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    proc = _cli(problems, samples, out, "--isolation", pool.level)
-    assert proc.returncode == 0, proc.stderr
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    hostname = socket.gethostname()
+    proc = subprocess.run(_cli_argv(problems, samples, out, "--isolation", pool.level, "--workers", "2"),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     got = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["passed"] for r in got] == [True] + [False] * len(IMPERSONATIONS) + [True]
-    assert all(r["status"] == "RE" for r in got[1:-1])
+    assert [r["line"] for r in got] == list(range(1, len(rows) + 1))
+    assert [r["passed"] for r in got] == [True] + [False, True] * len(hostile), [r["detail"][:80] for r in got]
+    assert socket.gethostname() == hostname
+    assert [p for p in tmp.rglob("*") if p != tmp / isolation.SLOT_PARENT] == []  # the shared parent may stay
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_mentions(pid, str(tmp))]
+    assert left == [], "a process of the grader outlived it"
+
+
+def _cmdline_mentions(pid: str, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 # ---- 6. untrusted code is compiled inside the confinement -------------------------------------------------------

@@ -174,3 +174,51 @@ def test_large_files_are_fingerprinted_from_their_ends_small_ones_by_sha256(tmp_
     assert mio.file_fingerprint(big, with_mtime=True).startswith(mio.file_fingerprint(big) + ":")
     assert mio.folder_fingerprints(tmp_path) == {"model-00001.safetensors": mio.file_fingerprint(big),
                                                  "small.json": mio.sha256_file(small)}
+
+
+def test_an_altered_artefact_is_named_moved_aside_and_its_stage_runs_again(tmp_path, caplog):
+    ctx = StageContext(root=str(tmp_path))
+    params = {"ctx": ctx, "x": 1}
+    key = cache_key_fn("grading", MODS)
+    name = f"grading-{stage_digest('grading', MODS, params)}"
+    calls = []
+
+    def produce(out):
+        calls.append(1)
+        atomic_write_text(out / "verdicts.parquet", "the verdicts the stage computed")
+        atomic_write_text(out / "other.txt", "untouched")
+
+    rec = run_stage("grading", MODS, ctx, params, produce)
+    record = tmp_path / RESULTS_DIR / name
+    record.parent.mkdir()
+    record.write_text("the record Prefect wrote")
+    assert key(None, params) == name and record.exists()  # intact: Prefect's record is trusted
+    rec.path("verdicts.parquet").write_text("rewards someone edited")
+    with caplog.at_level("WARNING"):
+        assert key(None, params) == name and not record.exists()  # Prefect cannot hand on the altered record
+    assert "verdicts.parquet (modified)" in caplog.text and "other.txt" not in caplog.text
+    (aside,) = [p for p in (tmp_path / "artifacts" / "grading").iterdir() if ".altered-" in p.name]
+    assert (aside / "verdicts.parquet").read_text() == "rewards someone edited"  # kept for a look, out of the way
+    again = run_stage("grading", MODS, ctx, params, produce)
+    assert calls == [1, 1] and again.path("verdicts.parquet").read_text() == "the verdicts the stage computed"
+
+
+def test_a_missing_artefact_counts_unless_the_pipeline_pruned_it(tmp_path):
+    from mars2.train.checkpoints import PRUNED
+    from tasks.stage import altered_artefacts
+
+    ctx = StageContext(root=str(tmp_path))
+
+    def produce(out):
+        (out / "ds").mkdir()
+        atomic_write_text(out / "ds" / "optim.pt", "state")
+        atomic_write_text(out / "model.safetensors", "weights")
+
+    rec = run_stage("update", MODS, ctx, {"ctx": ctx}, produce)
+    folder = rec.path("model.safetensors").parent
+    shutil.rmtree(folder / "ds")
+    assert altered_artefacts(folder) == ["ds/optim.pt (missing)"]
+    atomic_write_text(folder / PRUNED, '{"optimizer_dir": "ds", "keep_optimizer_states": 1}')
+    assert altered_artefacts(folder) == []  # prune_optimizer_states removed it on purpose
+    (folder / "model.safetensors").unlink()
+    assert altered_artefacts(folder) == ["model.safetensors (missing)"]

@@ -1,0 +1,78 @@
+"""The run folder under stress: a full disk is named on the first line, and flows started at once on a fresh folder
+do not race for its Prefect database. (Altered artefacts: tests/test_stage_cache.py and tests/test_flow_e2e.py.)"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tasks.cli import no_space_left
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_space_left_is_found_anywhere_in_the_chain(tmp_path):
+    target = tmp_path / "artifacts" / "verdicts.parquet"
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        except OSError as e:
+            raise RuntimeError("the stage failed") from e
+    except RuntimeError as wrapped:
+        message = no_space_left(wrapped, tmp_path)
+    assert message.startswith("no space left on /") and f"writing {target}" in message
+    mlflow_style = RuntimeError("(sqlite3.OperationalError) database or disk is full [SQL: INSERT INTO metrics ...]")
+    assert f"the run folder {tmp_path}" in no_space_left(mlflow_style, tmp_path)
+    assert no_space_left(RuntimeError("ConnectError: connection refused"), tmp_path) is None
+
+
+def test_a_full_run_folder_is_refused_on_the_first_line(tmp_path):
+    """The flow's command on a run folder in an 8 MiB filesystem (a private mount namespace: nothing outside sees it)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    home = tmp_path / "home"
+    home.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=8m tmpfs {home}"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {probe.stderr.strip()}")
+    env = {**os.environ, "MARS2_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    script = f"mount -t tmpfs -o size=8m tmpfs {home} && exec {sys.executable} flows/train_cycle.py agents=tiny_cpu data=toy"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith(f"mars2: no space left on {home}"), proc.stderr[-2000:]
+    assert "MiB free" in first and "Traceback" not in proc.stderr
+
+
+SERVER = textwrap.dedent("""
+    import sys
+    sys.argv = ["flow"]
+    from tasks.runtime import configure_process
+    configure_process(temporary_server=True)
+    from tasks import runtime
+    print(runtime.temporary_server_url())
+    """)
+
+
+def test_flows_started_at_once_on_a_fresh_folder_do_not_race_for_its_database(tmp_path):
+    """Three flow processes start Prefect's temporary server on one fresh run folder at the same moment (a second
+    server used to die with code 3 while they all migrated the new database)."""
+    env = {**os.environ, "MARS2_HOME": str(tmp_path)}
+    env.pop("PREFECT_API_URL", None)
+    procs = [subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0 and out.strip().startswith("http://127.0.0.1:"), err[-2000:]
+    assert len({out.strip() for out, _ in outs}) == 3  # each flow got a server of its own
+    assert not list((tmp_path / "prefect").glob("temporary-server-*.log"))  # stopped cleanly: logs removed
