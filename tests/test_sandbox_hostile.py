@@ -94,7 +94,7 @@ def test_cli_grades_a_mixed_batch_and_leaves_nothing_behind(tmp_path, pool):
     honest ones pass, hostile ones do not, the host name is unchanged, and no folder or process is left."""
     problems, samples = _problem_files(tmp_path, {"add": ADD_TESTS})
     hostile = [*IMPERSONATIONS.values(), DISK_FILL, MANY_FILES, "x = " + "1+" * 100_000 + "1\n",
-               OUTSIDE.replace("int(input())", "1"), LEARNER]
+               OUTSIDE.replace("int(input())", "1").replace("input().strip()", "'/etc/hostname'"), LEARNER]
     rows = [{"question_id": "add", "code": ADD}]
     for code in hostile:
         rows += [{"question_id": "add", "code": textwrap.dedent(code)}, {"question_id": "add", "code": ADD}]
@@ -227,6 +227,7 @@ OUTSIDE = """
     # prints "none" when every attempt was refused, else the list of those that worked
     import ctypes, os, resource, socket
     victim = int(input())
+    path = input().strip()                  # a file of the grader's uid outside the sandbox
     libc = ctypes.CDLL(None, use_errno=True)
     done = []
     def attempt(name, fn):
@@ -248,6 +249,10 @@ OUTSIDE = """
     attempt("clock (timezone)", lambda: libc.settimeofday(None, tz))
     attempt("device node", lambda: os.mknod("disk", 0o600 | 0o060000, os.makedev(7, 0)))
     attempt("char device node", lambda: os.mknod("null", 0o600 | 0o020000, os.makedev(1, 3)))
+    attempt("chmod outside", lambda: os.chmod(path, os.stat(path).st_mode & 0o7777))
+    attempt("utime outside", lambda: os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns)))
+    attempt("xattr outside", lambda: os.setxattr(path, "user.mars2", b"x"))
+    attempt("write outside", lambda: open(path, "a").close())
     caps = (ctypes.c_uint32 * 6)()
     head = (ctypes.c_uint32 * 2)(0x20080522, 0)
     if libc.capget(head, caps) == 0 and any(caps):
@@ -256,15 +261,23 @@ OUTSIDE = """
     """
 
 
-def test_nothing_outside_the_sandbox_can_be_changed(pool):
+def test_nothing_outside_the_sandbox_can_be_changed(pool, tmp_path):
     before = resource.getrlimit(resource.RLIMIT_CORE), os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
     hostname = socket.gethostname()
-    [verdict] = grade_many([GradeJob(textwrap.dedent(OUTSIDE), (Case(f"{os.getpid()}\n", "none"),))],
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    tmp_path.chmod(0o755)
+    victim.chmod(0o644)
+    stat = victim.stat()
+    [verdict] = grade_many([GradeJob(textwrap.dedent(OUTSIDE), (Case(f"{os.getpid()}\n{victim}\n", "none"),))],
                            executor=pool)
     assert verdict.all_passed, verdict.detail  # "got" lists what the program could do
     assert (resource.getrlimit(resource.RLIMIT_CORE), os.getpriority(os.PRIO_PROCESS, 0),
             os.sched_getaffinity(0)) == before
     assert socket.gethostname() == hostname
+    assert (victim.stat().st_mode, victim.stat().st_mtime_ns, victim.read_text()) == \
+        (stat.st_mode, stat.st_mtime_ns, "keep")
+    assert "user.mars2" not in os.listxattr(victim)
 
 
 def test_a_program_can_still_change_its_own_limits_and_priority(pool):

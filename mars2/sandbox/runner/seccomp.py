@@ -8,7 +8,8 @@ the domain name or any clock; ``mknod``/``mknodat`` of a character or block devi
 ``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
 abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag; ``clone3`` (ENOSYS, so glibc falls back to
 ``clone``, whose flags a filter can inspect); another architecture's calls kill the process. Options add no
-process creation, no ``kill(pid <= 0)`` and no signal to one protected pid.
+process creation, no ``kill(pid <= 0)``, no signal to one protected pid, and no metadata change (chmod, chown,
+utime, xattrs) for tests that run as the grader's own uid.
 """
 
 import errno
@@ -39,6 +40,10 @@ _ARCHES = {
         "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "process_madvise": 440,
         "process_mrelease": 448, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94,
+        "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188,
+        "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
+        "setxattrat": 463, "removexattrat": 466,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
@@ -58,6 +63,9 @@ _ARCHES = {
         "migrate_pages": 238, "move_pages": 239, "process_madvise": 440, "process_mrelease": 448,
         "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
         "mount_setattr": 442,
+        "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "utimensat": 88,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
+        "setxattrat": 463, "removexattrat": 466,
     }),
 }
 DENIED = (
@@ -72,6 +80,9 @@ DENIED = (
     "migrate_pages", "move_pages", "process_madvise", "process_mrelease",
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
 )
+METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
+            "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+            "fremovexattr", "setxattrat", "removexattrat")
 SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # arg0 pid == 0
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
@@ -82,12 +93,14 @@ _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
 
 
-def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=None):
+def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=None, no_metadata=False):
     """The BPF program (bytes of ``struct sock_filter``) of our seccomp policy, or None on an unknown arch.
 
     ``no_process_creation``: fork/vfork/clone without CLONE_THREAD fail (EAGAIN). ``no_kill_all``:
     ``kill(pid <= 0, ...)`` fails. ``protect_pid``: no signal can be sent to that pid (the zygote, when
-    tests share its uid) and ``pidfd_open`` fails.
+    tests share its uid) and ``pidfd_open`` fails. ``no_metadata``: chmod, chown, utime and xattr changes
+    fail (EPERM): for tests that run as the grader's own uid, which owns files outside the sandbox that Landlock,
+    which does not cover metadata, would leave open to them.
     """
     machine = os.uname().machine
     if machine not in _ARCHES:
@@ -98,7 +111,7 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
     prog = [("ld", 4), ("jne", arch, "kill"), ("ld", 0)]
     if machine == "x86_64":
         prog.append(("jge", 0x40000000, "eperm"))  # the x32 ABI
-    for name in DENIED:
+    for name in DENIED + (METADATA if no_metadata else ()):
         if name in nrs:
             prog.append(("jeq", nrs[name], "eperm"))
     prog.append(("jeq", nrs["clone3"], "enosys"))  # glibc falls back to clone(), whose flags we can inspect

@@ -17,7 +17,8 @@ forks a *test process* that (:mod:`.confine`)
    parent-death SIGKILL, applies Landlock (weaker level only: writes only in its own scratch folder) and a
    seccomp filter (:mod:`.seccomp`: no ptrace, no ``socket``, no namespaces, no io_uring, no SysV/mq IPC, no
    kernel-admin calls, nothing aimed at another process; when tests share the zygote's uid also no signal to
-   the zygote, and at the weaker level without a dedicated uid no process creation and no ``kill(-1)``);
+   the zygote and no chmod/chown/utime/xattr change, and at the weaker level without a dedicated uid no process
+   creation and no ``kill(-1)``);
 3. says it is ready (:func:`.confine.signal_ready`), compiles the program, and runs the tests
    (:mod:`.script_parity`, :mod:`.lcb_parity`):
 
@@ -119,7 +120,8 @@ class Zygote:
         shared_uid = self.uid is None  # tests run as our own uid: keep them from signalling us
         program = seccomp_program(no_process_creation=cfg.get("deny_fork", False),
                                   no_kill_all=not self.pidns or shared_uid,
-                                  protect_pid=os.getpid() if shared_uid else None) if seccomp_on else None
+                                  protect_pid=os.getpid() if shared_uid else None,
+                                  no_metadata=shared_uid) if seccomp_on else None
         self.seccomp = SeccompFilter(program) if program is not None else None
         self.landlock_read = list(cfg.get("landlock_read", [])) if cfg.get("landlock") else None
         _libc()
