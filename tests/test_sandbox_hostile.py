@@ -110,7 +110,8 @@ def test_cli_grades_a_mixed_batch_and_leaves_nothing_behind(tmp_path, pool):
     assert [r["line"] for r in got] == list(range(1, len(rows) + 1))
     assert [r["passed"] for r in got] == [True] + [False, True] * len(hostile), [r["detail"][:80] for r in got]
     assert socket.gethostname() == hostname
-    assert [p for p in tmp.rglob("*") if p != tmp / isolation.SLOT_PARENT] == []  # the shared parent may stay
+    parent = tmp / f"{isolation.SLOT_PARENT}-{os.geteuid()}"
+    assert [p for p in tmp.rglob("*") if p != parent] == []  # the parent of every grader's slot folders may stay
     left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_mentions(pid, str(tmp))]
     assert left == [], "a process of the grader outlived it"
 
@@ -390,28 +391,32 @@ def test_slot_folders_do_not_outlive_a_killed_grader(tmp_path):
     samples.write_text(json.dumps({"question_id": "add", "code": writer}) + "\n")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    parent = f"{isolation.SLOT_PARENT}-{os.geteuid()}"
     env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(_cli_argv(problems, samples, tmp_path / "out.jsonl", "--isolation", "process",
                                       "--workers", "1"), env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp.glob("mars2-sandbox/*/scratch/*/work/k49")):
+        while not list(tmp.glob(f"{parent}/*/scratch/*/work/k49")):
             assert time.monotonic() < deadline and proc.poll() is None, "the program never ran"
             time.sleep(0.1)
     finally:
         proc.kill()
         proc.wait()
     deadline = time.monotonic() + 10
-    while list(tmp.glob("mars2-sandbox/*")) and time.monotonic() < deadline:
+    while list(tmp.glob(f"{parent}/*")) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert list(tmp.glob("mars2-sandbox/*")) == []
+    assert list(tmp.glob(f"{parent}/*")) == []
 
-    stale = tmp / "mars2-sandbox" / "12345-0-deadbeef"
-    (stale / "scratch" / "x" / "work").mkdir(parents=True)
-    (stale / "scratch" / "x" / "work" / "left.bin").write_bytes(b"x" * 4096)
-    (stale / "lock").touch()
-    isolation.reclaim_stale_slot_dirs(str(tmp / "mars2-sandbox"))
-    assert not stale.exists()
+    stale, fresh = tmp / parent / "12345-0-deadbeef", tmp / parent / "12346-0-cafe"
+    for folder in (stale, fresh):
+        (folder / "scratch" / "x" / "work").mkdir(parents=True)
+        (folder / "scratch" / "x" / "work" / "left.bin").write_bytes(b"x" * 4096)
+        (folder / "lock").touch()
+    past = time.time() - 2 * isolation.STALE_GRACE_S
+    os.utime(stale, (past, past))
+    assert isolation.reclaim_stale_slot_dirs(str(tmp / parent)) == 1
+    assert not stale.exists() and fresh.exists()  # one being set up right now is left alone
 
 
 # ---- 7. malformed input: a clear error per row or per flag, never a traceback or lost rows -----------------------

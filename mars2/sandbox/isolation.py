@@ -65,8 +65,8 @@ CHILD_ENV = {
     "MALLOC_ARENA_MAX": "2",  # glibc: 64 MiB of address space per thread arena otherwise
 }
 
-SLOT_PARENT = "mars2-sandbox"  # <tmp>/mars2-sandbox/<pid>-<slot>-<random>/: the process level's slot folders
-STALE_UNLOCKED_S = 60.0  # a slot folder with no lock file this old was left by a grader killed at its start
+SLOT_PARENT = "mars2-sandbox"  # <tmp>/mars2-sandbox-<euid>/<pid>-<slot>-<random>/: the process level's slot folders
+STALE_GRACE_S = 10.0  # a slot folder is reclaimed only once unchanged this long (one being created is not yet locked)
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, Any] | None = None
@@ -177,11 +177,12 @@ def kill_uid_processes(uid: int) -> int:
 
 
 def slot_parent() -> str:
-    return os.path.join(tempfile.gettempdir(), SLOT_PARENT)
+    """Where this user's ``process``-level slot folders live (one parent per user: a shared ``/tmp`` works)."""
+    return os.path.join(tempfile.gettempdir(), f"{SLOT_PARENT}-{os.geteuid()}")
 
 
 class SlotDir:
-    """A ``process``-level slot's folder on the host, ``<tmp>/mars2-sandbox/<pid>-<slot>-<random>/``, which holds the
+    """A ``process``-level slot's folder on the host, ``<tmp>/mars2-sandbox-<euid>/<pid>-<slot>-<random>/``, holding the
     zygote's scratch root. The grader holds an ``flock`` on its ``lock`` file for as long as the slot lives; the
     grader removes it on close, the zygote when the grader goes away, and :func:`reclaim_stale_slot_dirs` when both
     were killed. Folders are ``0711``: a program passes through them to its own scratch folder, lists none."""
@@ -202,8 +203,8 @@ class SlotDir:
 
 
 def reclaim_stale_slot_dirs(parent: str | None = None) -> int:
-    """Remove the slot folders under ``parent`` (default :func:`slot_parent`) whose grader is gone (their lock is
-    free, or they have had none for ``STALE_UNLOCKED_S``). Returns how many were removed."""
+    """Remove the slot folders under ``parent`` (default :func:`slot_parent`) whose grader is gone: unchanged for
+    ``STALE_GRACE_S`` and their lock file free or missing. Returns how many were removed."""
     import time
 
     parent = parent or slot_parent()
@@ -215,13 +216,11 @@ def reclaim_stale_slot_dirs(parent: str | None = None) -> int:
     for name in names:
         path = os.path.join(parent, name)
         try:
+            if time.time() - os.lstat(path).st_mtime < STALE_GRACE_S:
+                continue
             fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
-            try:
-                stale = time.time() - os.lstat(path).st_mtime > STALE_UNLOCKED_S
-            except OSError:
-                continue
-            if stale:
+            if os.path.isdir(path):
                 _remove_tree(path)
                 removed += 1
             continue

@@ -29,10 +29,12 @@ EXIT_SETUP_FAILED = 121
 READY_FD = 5
 PROGRAM_RECURSION_LIMIT = 50000  # LiveCodeBench's harness sets it; the zygote itself keeps Python's default
 _CAPABILITY_V3 = 0x20080522
+_CAP_SETPCAP = 8
 _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE and KEEP_CAPS off, each locked: uid 0 never regains a capability
 _SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 _ready_sent = []
+_write, _close = os.write, os.close  # bound once: LiveCodeBench's reliability_guard nulls parts of os
 
 
 def confine_test_process(limits, scratch, fds, *, zygote_pid, uid, gid, pidns, base_vm, landlock_read, seccomp,
@@ -99,26 +101,30 @@ def signal_ready():
     if not _ready_sent:
         _ready_sent.append(True)
         try:
-            os.write(READY_FD, b"R")
+            _write(READY_FD, b"R")
         finally:
-            os.close(READY_FD)
+            _close(READY_FD)
 
 
 def drop_capabilities():
-    """Empty every capability set of this process: the bounding set and the securebits first (they need
-    CAP_SETPCAP, which only a process still root outside a user namespace has; elsewhere they are refused and not
-    needed), then the ambient, effective, permitted and inheritable sets, checked afterwards."""
+    """Empty every capability set of this process. Still holding CAP_SETPCAP (root outside a user namespace: the
+    ``process`` level without a dedicated uid), it first locks the securebits (uid 0 never regains a capability) and
+    empties the bounding set; then the ambient, effective, permitted and inheritable sets are cleared, and checked."""
     libc = _libc()
-    libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0)
-    for cap in range(64):
-        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last capability, EPERM without SETPCAP
-    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(_CAPABILITY_V3, 0)
-    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    left = (ctypes.c_uint32 * 6)()
-    if libc.capget(header, left) != 0 or any(left):
-        raise OSError("capabilities remain after dropping them")
+    held = (ctypes.c_uint32 * 6)()
+    if libc.capget(header, held) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    if held[0] & (1 << _CAP_SETPCAP):
+        libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0)
+        for cap in range(64):
+            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last capability
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if any(held):
+        if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+            raise OSError(ctypes.get_errno(), "capset failed")
+        if libc.capget(header, held) != 0 or any(held):
+            raise OSError("capabilities remain after dropping them")
 
 
 def set_limits(limits, base_vm):

@@ -43,7 +43,6 @@ sandbox: the grader compares.
 
 import json
 import os
-import secrets
 import select
 import signal
 import sys
@@ -236,7 +235,7 @@ class Zygote:
         and is removed as a whole afterwards. For a session (several tests in one process) the program works in
         ``<folder>/work``, which the test process wipes between tests (the program cannot write beside it);
         otherwise it works in the folder itself."""
-        folder = os.path.join(self.scratch_root, secrets.token_hex(16))
+        folder = os.path.join(self.scratch_root, os.urandom(16).hex())
         if session:
             os.mkdir(folder)
             os.chmod(folder, 0o711)  # (our umask is 077)
