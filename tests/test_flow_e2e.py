@@ -179,7 +179,8 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
 
 
 def test_grading_verdicts_come_from_the_sandbox(runs):
-    verdicts = pd.concat(pd.read_parquet(p) for p in (runs["home"] / "artifacts" / "grading").rglob("verdicts.parquet"))
+    verdicts = pd.concat(pd.read_parquet(p) for p in (runs["home"] / "artifacts" / "grading").rglob("verdicts.parquet")
+                         if ".altered-" not in str(p))  # the folder D's rewritten file was moved to
     assert set(verdicts["status"]) <= {"AC", "WA", "TLE", "RE", "CE", "MLE", "NO_CODE"}
     assert ((verdicts["reward"] == 1.0) == (verdicts["status"] == "AC")).all()
     assert (verdicts["total"] >= 4).all()

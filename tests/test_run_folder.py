@@ -43,8 +43,8 @@ def test_a_full_run_folder_is_refused_on_the_first_line(tmp_path):
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {probe.stderr.strip()}")
-    env = {**os.environ, "MARS2_HOME": str(home)}
-    env.pop("PREFECT_API_URL", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    env["MARS2_HOME"] = str(home)
     script = f"mount -t tmpfs -o size=8m tmpfs {home} && exec {sys.executable} flows/train_cycle.py agents=tiny_cpu data=toy"
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -64,15 +64,28 @@ SERVER = textwrap.dedent("""
     """)
 
 
-def test_flows_started_at_once_on_a_fresh_folder_do_not_race_for_its_database(tmp_path):
-    """Three flow processes start Prefect's temporary server on one fresh run folder at the same moment (a second
-    server used to die with code 3 while they all migrated the new database)."""
-    env = {**os.environ, "MARS2_HOME": str(tmp_path)}
-    env.pop("PREFECT_API_URL", None)
-    procs = [subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for proc, (out, err) in zip(procs, outs):
-        assert proc.returncode == 0 and out.strip().startswith("http://127.0.0.1:"), err[-2000:]
-    assert len({out.strip() for out, _ in outs}) == 3  # each flow got a server of its own
-    assert not list((tmp_path / "prefect").glob("temporary-server-*.log"))  # stopped cleanly: logs removed
+def test_a_flow_starts_its_server_only_once_another_flows_server_answers(tmp_path):
+    """Flows started at once on one fresh run folder used to migrate its new Prefect database at the same time (the
+    second server died with code 3). Here the test holds the start lock, as a flow whose server is starting does: the
+    flow must not launch its server until the lock is free, then start it and get an answer."""
+    import fcntl
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    env["MARS2_HOME"] = str(tmp_path)  # Prefect's home, database and lock go under it, as for a user
+    (tmp_path / "prefect").mkdir()
+    lock = os.open(tmp_path / "prefect" / "temporary-server.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 5  # a flow launches its server at its first line (~1 s here)
+        while time.monotonic() < deadline:
+            assert not list((tmp_path / "prefect").glob("temporary-server*.log")), "launched while another started"
+            assert proc.poll() is None
+            time.sleep(0.1)
+    finally:
+        os.close(lock)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and out.strip().startswith("http://127.0.0.1:"), err[-2000:]
+    assert not list((tmp_path / "prefect").glob("temporary-server-*.log"))  # stopped cleanly: its log removed
