@@ -254,6 +254,17 @@ OUTSIDE = """
     attempt("utime outside", lambda: os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns)))
     attempt("xattr outside", lambda: os.setxattr(path, "user.mars2", b"x"))
     attempt("write outside", lambda: open(path, "a").close())
+    import array, fcntl
+    readable = os.open(os.path.join(os.path.dirname(os.__file__), "os.py"), os.O_RDONLY)  # a file it may read
+    flags = array.array("l", [0])
+    if fcntl.ioctl(readable, 0x80086601, flags, True) == 0:  # FS_IOC_GETFLAGS, then set them to the same
+        attempt("inode flags of a readable file", lambda: fcntl.ioctl(readable, 0x40086602, flags, True))
+    def lease():
+        fcntl.fcntl(readable, 1024, fcntl.F_RDLCK)  # F_SETLEASE
+        fcntl.fcntl(readable, 1024, fcntl.F_UNLCK)
+    attempt("lease on a readable file", lease)
+    attempt("sigqueue to another process", lambda: libc.syscall(129 if os.uname().machine == "x86_64" else 138,
+                                                                    victim, 0, (ctypes.c_char * 128)()))
     caps = (ctypes.c_uint32 * 6)()
     head = (ctypes.c_uint32 * 2)(0x20080522, 0)
     if libc.capget(head, caps) == 0 and any(caps):
@@ -462,11 +473,15 @@ def test_bad_flags_are_one_clear_line(tmp_path, flags, word):
 
 # ---- a genuinely broken slot reports its own rows, the others are graded ----------------------------------------
 
-def test_a_broken_slot_loses_no_rows():
+@pytest.mark.parametrize("how", ["confinement fails", "the zygote cannot start"])
+def test_a_broken_slot_loses_no_rows(how):
     pool = SandboxPool(2, "process")
     broken = pool.slots[1]
     config = broken.zygote_config
-    broken.zygote_config = lambda: {**config(), "uid": -5, "gid": -5}  # setresuid(-5) fails in every test process
+    if how == "confinement fails":
+        broken.zygote_config = lambda: {**config(), "uid": -5, "gid": -5}  # setresuid(-5) fails in every test process
+    else:
+        broken.zygote_config = lambda: (_ for _ in ()).throw(BlockingIOError(11, "Resource temporarily unavailable"))
     try:
         graded = grade_many_detailed([GradeJob(ADD, ADD_TESTS)] * 8, executor=pool)
         assert len(graded) == 8
@@ -476,6 +491,207 @@ def test_a_broken_slot_loses_no_rows():
         assert pool.failures >= 1
     finally:
         pool.close()
+
+
+# ---- channels through shared kernel state, and programs that stall the runner ----------------------------------
+
+PID = "import os\nprint(os.getpid())\n"
+INODE = "import os\nopen('a', 'w').close()\nprint(os.stat('a').st_ino)\n"
+BURN = """
+    import os
+    for i in range(300):                     # bounded: 300 processes and 300 files, one at a time
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        open(f"b{i}", "w").close()
+        os.unlink(f"b{i}")
+    print("1")
+    """
+
+
+def _printed(pool, code):
+    [graded] = grade_many_detailed([GradeJob(textwrap.dedent(code), (Case("", "?"),))], executor=pool)
+    return graded.verdict.detail.split("got: ")[-1].strip("'\\n")
+
+
+def test_pids_and_inode_numbers_carry_nothing_from_one_program_to_the_next(pool):
+    """A program that uses 300 pids and 300 inodes must not change what the next program sees of either (each program
+    starts at a random pid and on a fresh filesystem). The process level shares the host's counters: not claimed."""
+    if pool.level != "bwrap":
+        pytest.skip("the process level shares the host's pid and inode counters (docs/sandbox.md)")
+    pids, inodes = [], []
+    for burn in (False, True, False, True):
+        if burn:
+            grade_many([GradeJob(textwrap.dedent(BURN), (Case("", "1"),))], executor=pool)
+        pids.append(int(_printed(pool, PID)))
+        inodes.append(int(_printed(pool, INODE)))
+    assert len(set(inodes)) == 1, inodes  # a fresh filesystem each time
+    steps = [b - a for a, b in zip(pids, pids[1:])]
+    assert not all(0 < step < 1000 for step in steps), pids  # not a counter the programs before advanced
+
+
+def test_the_zygote_is_invisible_to_programs(pool):
+    code = """
+        import os
+        try:
+            others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        except OSError:
+            others = []
+        print("hidden" if not others else f"sees {sorted(others)[:5]}")
+        """
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "hidden"),))], executor=pool)
+    assert verdict.all_passed, verdict.detail
+
+
+STALL = """
+    import sys, threading, time
+    def stall(fd):                           # the runner never reads the next test frame
+        for _ in range(50):
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        time.sleep(60)
+    for name in ("runner.script_parity", "runner.lcb_parity"):
+        if sys.modules.get(name) is not None:
+            sys.modules[name].read_frame = stall
+    print(input())
+    """
+
+
+@pytest.mark.parametrize("parity", ["script", "lcb"])
+def test_a_program_that_stops_reading_its_tests_times_out_alone(pool, parity):
+    starts, failures = pool.slots[0].starts, pool.failures
+    big = "x" * 200_000
+    verdict = _honest_around(pool, STALL, tests=(Case("ok\n", "ok"), Case(big + "\n", big)), parity=parity,
+                             time_limit_s=1)
+    assert verdict.status == "TLE" and "sandbox failure" not in verdict.detail, verdict
+    assert (pool.slots[0].starts, pool.failures) == (starts, failures)
+
+
+def test_quotas_hold_while_the_program_keeps_the_result_pipe_busy(pool):
+    code = """
+        import json, os, struct, threading, time
+        head = json.dumps({"status": "ok"}).encode()
+        body = b"3" + b"\\n" * 199
+        os.write(4, struct.pack("<II", len(head), len(body)) + head)   # a result frame, its payload trickling
+        def trickle():
+            for i in range(len(body) - 1):
+                os.write(4, body[i:i + 1])
+                time.sleep(0.004)
+        t = threading.Thread(target=trickle)
+        t.start()
+        for i in range(60):                  # 60 MiB against the 32 MiB quota (bounded)
+            with open(f"f{i}", "wb") as f:
+                f.write(b"x" * (1 << 20))
+        time.sleep(0.3)
+        for name in os.listdir("."):
+            os.unlink(name)
+        t.join()
+        os.write(4, body[-1:])
+        os._exit(0)
+        """
+    verdict = _honest_around(pool, code, tests=(Case("", "3"),))
+    assert verdict.status == "RE" and "quota" in verdict.detail, verdict
+
+
+def test_a_stuck_sandbox_dies_with_its_pool():
+    """A slot whose program stalled the runner and left threads is killed whole when the pool closes (its pid
+    namespace's init at the bwrap level, every process of its uid): nothing of the slot's uid survives."""
+    if not _level_available("bwrap"):
+        pytest.skip("bubblewrap cannot run here")
+    p = SandboxPool(1, "bwrap")
+    try:
+        big = "x" * 200_000
+        grade_many([GradeJob(textwrap.dedent(STALL), (Case("ok\n", "ok"), Case(big + "\n", big)))], executor=p,
+                   time_limit_s=1)
+        uid = p.slots[0].lease.uid if p.slots[0].lease is not None else None
+    finally:
+        p.close()
+    if uid is None:
+        pytest.skip("no dedicated uid here")
+    deadline = time.monotonic() + 10
+    while _uid_processes(uid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _uid_processes(uid) == []
+
+
+def test_folder_cleanup_never_follows_a_link(tmp_path):
+    from mars2.sandbox.runner.files import wipe
+
+    outside = tmp_path / "outside"
+    (outside / "inner").mkdir(parents=True)
+    outside.chmod(0o755)
+    scratch = tmp_path / "scratch"
+    (scratch / "a" / "b").mkdir(parents=True)
+    (scratch / "a" / "link").symlink_to(outside)
+    (scratch / "a" / "b").chmod(0)
+    (scratch / "a").chmod(0o300)
+    wipe(str(scratch))
+    assert list(scratch.iterdir()) == [] and outside.stat().st_mode & 0o777 == 0o755
+    slot = tmp_path / "slot"
+    (slot / "h").mkdir(parents=True)
+    (slot / "h" / "x").symlink_to(outside)
+    (slot / "h").chmod(0o300)
+    isolation._remove_tree(str(slot))  # raised NotImplementedError (chmod of a link) before
+    assert not slot.exists() and (outside / "inner").exists()
+
+
+def test_return_values_that_would_cost_the_grader_minutes_are_refused_fast():
+    import time as clock
+
+    from mars2.sandbox.compare import Opaque, decode_value
+
+    step = (1 << 61) - 1  # ints that all hash alike: a dict of them builds in quadratic time
+    colliding = json.dumps({"$dict": [[{"$int": hex(step * i)} if step * i >= 1 << 53 else step * i, 1]
+                                      for i in range(20000)]}).encode()
+    start = clock.monotonic()
+    assert isinstance(decode_value(colliding), Opaque)
+    assert clock.monotonic() - start < 1
+    code = "class Solution:\n    def f(self, x):\n        return [[] for _ in range(2_000_000)]\n"
+    [verdict] = grade_many([GradeJob(code, (Case("1", "[]", "functional"),), "f")], isolation="process")
+    assert verdict.status == "WA" and "far larger" in verdict.detail
+
+
+def test_program_directories_stay_listable_when_tests_share_the_grader_uid():
+    """Without a dedicated uid the grader's own uid must be able to count and remove what a program makes."""
+    p = SandboxPool(1, "process")
+    try:
+        if p.probe.get("process_dedicated_uid"):
+            pytest.skip("tests run as a dedicated uid here")
+        code = """
+            import os
+            refused = 0
+            for make in (lambda: os.mkdir("h", 0o300), lambda: os.umask(0o477)):
+                try:
+                    make()
+                except OSError:
+                    refused += 1
+            os.mkdir("ok", 0o755)
+            print(refused)
+            """
+        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "2"),))], executor=p)
+        assert verdict.all_passed, verdict.detail
+    finally:
+        p.close()
+
+
+def test_deeply_nested_expected_json_is_test_data_error():
+    from mars2.sandbox import TestDataError
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(TestDataError, match="job 0, test 1"):
+        grade_many([GradeJob("x = 1", (Case("1", deep, "functional"),), "f")], isolation="process")
+
+
+def _uid_processes(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        if entry.isdigit() and f"\nUid:\t{uid}\t" in status:
+            found.append(int(entry))
+    return found
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------

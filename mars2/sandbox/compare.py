@@ -121,6 +121,10 @@ def _decode_tag(obj: dict[str, Any]) -> Any:
     if tag == "$tuple":
         return tuple(data)
     if tag == "$dict":
+        # an expected value is parsed JSON, whose objects have text keys: a dict with any other key equals nothing,
+        # and building it would let crafted keys (ints of one hash) make the grader's insertions quadratic
+        if not all(type(pair[0]) is str for pair in data):
+            return Opaque("dict with keys that are not text")
         return {key: value for key, value in data}
     if tag == "$decimal":
         return Decimal(data)
@@ -136,7 +140,9 @@ def _decode_tag(obj: dict[str, Any]) -> Any:
 
 
 def decode_value(data: bytes) -> Any:
-    """Inverse of the child's ``runner.values.encode_value``; raises :class:`MalformedValue` on anything else."""
+    """Inverse of the child's ``runner.values.encode_value``; raises :class:`MalformedValue` on anything else.
+    Text keys hash with this process's random seed, so no program can make them collide; any other key makes its
+    dict :class:`Opaque`."""
     try:
         return json.loads(data.decode("utf-8", "surrogatepass"), object_hook=_decode_tag)
     except MalformedValue:
@@ -155,6 +161,13 @@ def show_value(value: Any, limit: int = TRUNCATE_CHARS) -> str:
     except (ValueError, TypeError, RecursionError):
         text = repr(type(value))
     return truncate(text, limit)
+
+
+def value_too_large(encoded: bytes, expected_json: str) -> bool:
+    """Whether a return value, as typed JSON, is too large to equal the expected value's JSON text: its encoding
+    costs at most a few times the plain JSON's (``$dict`` pairs, ``$int`` hex, ``$tuple`` tags), so a value over 16
+    times that, plus 4 KiB, is a wrong answer without being parsed (16 MiB of ``[[],[],...]`` is ~400 MB decoded)."""
+    return len(encoded) > 16 * len(expected_json.encode("utf-8", "surrogatepass")) + 4096
 
 
 def value_matches(actual: Any, expected: Any) -> bool:

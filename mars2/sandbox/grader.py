@@ -40,7 +40,15 @@ from typing import Any
 
 from mars2.config import PARITIES
 from mars2.data.schema import TestCase
-from mars2.sandbox.compare import MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches
+from mars2.sandbox.compare import (
+    MalformedValue,
+    decode_value,
+    show_value,
+    stdout_matches,
+    truncate,
+    value_matches,
+    value_too_large,
+)
 from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, TestRun, shared_pool
 from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, Verdict
 
@@ -124,7 +132,7 @@ def _prepare(test: TestCase, func_name: str | None, index: int, parity: str) -> 
             if line.strip():
                 json.loads(line)
         expected = json.loads(test.output)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise TestDataError(f"test {index}: functional input/output is not JSON ({e})") from None
     payload = test.input if parity == "lcb" else "\n".join(line for line in test.input.split("\n") if line.strip())
     return _Prepared("functional", _text_bytes(payload, "input", index), expected)
@@ -160,6 +168,9 @@ def _judge(run: TestRun, test: TestCase, prepared: _Prepared, limits: Limits) ->
             if ok:
                 return AC, ""
             return WA, f"wrong answer ({reason})\n{shown_input}\n{shown_expected}\ngot: {truncate(got)!r}"
+        if value_too_large(run.output, test.output):
+            return WA, (f"wrong answer (a return value of {len(run.output)} bytes as typed JSON, far larger than the "
+                        f"expected one)\n{shown_input}\n{shown_expected}")
         try:
             value = decode_value(run.output)
         except MalformedValue as e:

@@ -10,9 +10,8 @@ writable cgroups (v1 or v2). :func:`choose_level` turns a requested level (``aut
     cgroup) namespaces; a read-only view of ``/usr``, the Python prefix(es) and this package's
     directory, a size-capped private ``/tmp``, a minimal ``/dev`` and a private ``/proc``; no network
     but loopback; everything in it dies with the slot. Started as root, bubblewrap keeps only the
-    capabilities the zygote needs (setuid/setgid, kill, chown, dac_override, fowner) and every test
-    runs as the slot's dedicated uid with none; started as another user, bubblewrap uses a user
-    namespace and tests run as that user.
+    capabilities the zygote needs (:data:`BWRAP_CAPS`) and every test runs as the slot's dedicated uid
+    with none; started as another user, bubblewrap uses a user namespace and tests run as that user.
 ``process``
     The zygote is a plain child process (for hosts where bubblewrap cannot create namespaces, e.g.
     Docker's default seccomp profile). Tests still get rlimits, their own session, a private scratch
@@ -54,7 +53,10 @@ SCRATCH_IN_BWRAP = "/tmp/sb"
 UID_BASE = int(os.environ.get("MARS2_SANDBOX_UID_BASE", "61000"))
 UID_COUNT = int(os.environ.get("MARS2_SANDBOX_UID_COUNT", "512"))
 CGROUP_NAME = "mars2-sandbox"
-BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+# the zygote's (tests drop them all): uid changes, kills and cleanup; CAP_SYS_ADMIN only to remount /proc hidepid
+# at its start (then dropped); CAP_CHECKPOINT_RESTORE to set the slot's next pid per program
+BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN",
+              "CAP_CHECKPOINT_RESTORE")
 CHILD_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -238,13 +240,10 @@ def reclaim_stale_slot_dirs(parent: str | None = None) -> int:
 
 
 def _remove_tree(path: str) -> None:
-    """Remove ``path`` whole, even folders a program made unreadable."""
-    for root, dirs, _ in os.walk(path):
-        for d in dirs:
-            try:
-                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
-            except OSError:
-                pass
+    """Remove ``path`` whole, even folders a program made unreadable; never follows a link, never raises."""
+    from mars2.sandbox.runner.files import open_up
+
+    open_up(path)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -364,13 +363,16 @@ class SandboxSpec:
     tmpfs_bytes: int = 256 << 20
 
 
-def bwrap_argv(spec: SandboxSpec, command: list[str]) -> list[str]:
-    """The bubblewrap command line wrapping ``command`` for one slot."""
+def bwrap_argv(spec: SandboxSpec, command: list[str], info_fd: int | None = None) -> list[str]:
+    """The bubblewrap command line wrapping ``command`` for one slot; ``info_fd``: where bubblewrap writes the host pid
+    of the sandbox's init (``{"child-pid": N}``), whose death takes the whole sandbox down."""
     bwrap = shutil.which("bwrap") or "bwrap"
     # no --die-with-parent: it is tied to the *thread* that started bwrap (PR_SET_PDEATHSIG), and grader
     # threads come and go; the zygote exits when its control pipe closes instead (grader gone)
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--new-session"]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
     if spec.privileged:
         args += ["--cap-drop", "ALL"]
         for cap in BWRAP_CAPS:

@@ -169,6 +169,7 @@ class Slot:
         self.cgroup: isolation.SlotCgroup | None = None
         self.dir: isolation.SlotDir | None = None
         self.log: Any = None
+        self.sandbox_pidfd: int | None = None  # bwrap: the sandbox's init, whose death ends everything in it
         self.info: dict[str, Any] = {}
         self.starts = 0
         self.cgroup_memory_mb = 0
@@ -188,8 +189,7 @@ class Slot:
             return None
         if self.lease is None:
             self.lease = isolation.UidLease()
-            if self.pool.level == "process":
-                isolation.kill_uid_processes(self.lease.uid)
+            isolation.kill_uid_processes(self.lease.uid)  # whatever a killed grader's slot left under this uid
         return self.lease.uid
 
     def _ensure_cgroup(self, uid: int | None) -> None:
@@ -215,7 +215,8 @@ class Slot:
         cfg: dict[str, Any] = {"uid": uid, "gid": uid, "sys_path": isolation.site_paths(), "env": isolation.CHILD_ENV,
                                "seccomp": bool(probe.get("seccomp"))}
         if pool.level == "bwrap":
-            cfg.update(pidns=True, scratch_root=isolation.SCRATCH_IN_BWRAP, private_scratch_fs=True, deny_fork=False)
+            cfg.update(pidns=True, isolate_pidns=bool(probe.get("root")), scratch_root=isolation.SCRATCH_IN_BWRAP,
+                       private_scratch_fs=True, deny_fork=False)
             return cfg
         if self.dir is None:
             self.dir = isolation.SlotDir(self.index)
@@ -228,12 +229,24 @@ class Slot:
         return cfg
 
     def start(self) -> None:
+        """Start the zygote and wait for its ``ready``; any failure is a :class:`SandboxStartError`."""
+        try:
+            self._start()
+        except SandboxStartError:
+            raise
+        except (OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
+            self.stop()
+            raise SandboxStartError(f"sandbox slot {self.index} failed to start: {type(e).__name__}: {e}") from None
+
+    def _start(self) -> None:
         cfg = self.zygote_config()
         self._ensure_cgroup(cfg["uid"])
+        info_r = info_w = None
         if self.pool.level == "bwrap":
+            info_r, info_w = os.pipe()
             runner = os.path.join(isolation.MOUNTED_SANDBOX_DIR, "_runner.py")
             spec = isolation.SandboxSpec("bwrap", self.pool.probe["root"], tmpfs_bytes=self.pool.tmpfs_bytes)
-            argv = isolation.bwrap_argv(spec, isolation.runner_command(runner, cfg))
+            argv = isolation.bwrap_argv(spec, isolation.runner_command(runner, cfg), info_fd=info_w)
             env = {"PATH": os.environ.get("PATH", os.defpath)}
             cwd = "/"
         else:
@@ -244,15 +257,25 @@ class Slot:
             self.log = tempfile.TemporaryFile(prefix=f"mars2-slot{self.index}-")
         cgroup = self.cgroup
         preexec = cgroup.attach_current if cgroup is not None else None
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                     cwd=cwd, start_new_session=True, preexec_fn=preexec, bufsize=0)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                         cwd=cwd, start_new_session=True, preexec_fn=preexec, bufsize=0,
+                                         pass_fds=(info_w,) if info_w is not None else ())
+        finally:
+            if info_w is not None:
+                os.close(info_w)
         self.chan = _Channel(self.proc)
         self.starts += 1
         try:
+            if info_r is not None:
+                self.sandbox_pidfd = _sandbox_init(info_r, START_TIMEOUT_S)
             header, _ = self.chan.recv(START_TIMEOUT_S)
         except SandboxError as e:
             self.stop()
             raise SandboxStartError(f"sandbox slot {self.index} failed to start: {e}; {self.log_tail()}") from None
+        finally:
+            if info_r is not None:
+                os.close(info_r)
         if header.get("op") != "ready":
             self.stop()
             raise SandboxStartError(f"sandbox slot {self.index} sent {header!r} instead of ready")
@@ -280,8 +303,8 @@ class Slot:
 
     def sandbox_pids(self) -> list[int]:
         """Host pids of the processes programs left in this slot (diagnostics and tests): everything in
-        the slot's pid namespace but its init and the zygote (``bwrap``), or every process of the slot's
-        uid plus the zygote's descendants (``process``)."""
+        the slot's pid namespace but its init, the zygote and the zygote's mount helper (``bwrap``), or every process
+        of the slot's uid plus the zygote's descendants (``process``)."""
         if self.proc is None:
             return []
         table = _process_table()
@@ -294,8 +317,10 @@ class Slot:
                 return []
             ns = table[inits[0]][2]
             zygotes = set(children.get(inits[0], []))
+            # the zygote's mount helper (root, its child); programs run as the slot's uid
+            helpers = {pid for z in zygotes for pid in children.get(z, []) if table[pid][1] == 0}
             return sorted(pid for pid, (_, _, pns) in table.items()
-                          if pns == ns and pid != inits[0] and pid not in zygotes)
+                          if pns == ns and pid != inits[0] and pid not in zygotes | helpers)
         found: set[int] = set()
         stack = list(children.get(self.proc.pid, []))
         while stack:
@@ -311,9 +336,18 @@ class Slot:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
+        """Kill the zygote and everything it started: the sandbox's init at the ``bwrap`` level (its pid namespace
+        dies with it, however stuck the zygote is), the process group, and every process of the slot's uid."""
         proc = self.proc
         self.proc = None
         self.chan = None
+        if self.sandbox_pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.sandbox_pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(self.sandbox_pidfd)
+            self.sandbox_pidfd = None
         if proc is None:
             return
         try:
@@ -330,7 +364,7 @@ class Slot:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("sandbox slot %d: zygote %d did not die", self.index, proc.pid)
-        if self.pool.level == "process" and self.lease is not None:
+        if self.lease is not None:
             isolation.kill_uid_processes(self.lease.uid)
 
     def close(self) -> None:
@@ -465,6 +499,24 @@ class SandboxPool:
             slot.close()
             if slot.cgroup is not None:
                 slot.cgroup.remove()
+
+
+def _sandbox_init(info_fd: int, timeout: float) -> int:
+    """A pidfd of the sandbox's init, from what bubblewrap writes on its ``--info-fd`` (``{"child-pid": N}``)."""
+    import json
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    while not data.rstrip().endswith(b"}"):
+        ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(info_fd, 4096) if ready else b""
+        if not chunk:
+            raise SandboxError(f"bubblewrap gave no sandbox pid ({data[:200]!r})")
+        data += chunk
+    try:
+        return os.pidfd_open(int(json.loads(data)["child-pid"]))
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise SandboxError(f"bubblewrap's sandbox pid is unusable ({data[:200]!r}: {e})") from None
 
 
 def _process_table() -> dict[int, tuple[int, int, str]]:

@@ -12,6 +12,7 @@ tests for single pieces). Modules import one another relatively, so both names w
 * :mod:`.script_parity` -- ``parity=script``: a program run as a real script, state put back between tests
 * :mod:`.lcb_parity` -- ``parity=lcb``: LiveCodeBench's own ``run_test`` loop, premade ``mock_open()``s
 * :mod:`.values` -- functional return values as typed JSON (decoded by :mod:`mars2.sandbox.compare`)
+* :mod:`.mounts` -- the mount helper: a fresh tmpfs per program, sized to its quotas (bwrap level)
 * :mod:`.errors`, :mod:`.files`, :mod:`.procs` -- error texts and verdict fields, descriptor and scratch-dir
   helpers, process bookkeeping
 """

@@ -106,6 +106,21 @@ def signal_ready():
             _close(READY_FD)
 
 
+def drop_capability(cap):
+    """Remove capability ``cap`` from this process's effective, permitted and inheritable sets (the zygote gives up
+    CAP_SYS_ADMIN once it has hidden the other processes)."""
+    libc = _libc()
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_V3, 0)
+    sets = (ctypes.c_uint32 * 6)()
+    if libc.capget(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    word, bit = divmod(cap, 32)
+    for i in range(3):  # (effective, permitted, inheritable) for capabilities 0-31, then for 32-63
+        sets[3 * word + i] &= ~(1 << bit) & 0xFFFFFFFF
+    if libc.capset(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
 def drop_capabilities():
     """Empty every capability set of this process. Still holding CAP_SETPCAP (root outside a user namespace: the
     ``process`` level without a dedicated uid), it first locks the securebits (uid 0 never regains a capability) and

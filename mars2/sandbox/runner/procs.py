@@ -1,7 +1,37 @@
-"""Process bookkeeping of the zygote: who is still alive in the slot, reaping, CPU time and address space."""
+"""Process bookkeeping of the zygote: who is still alive in the slot, reaping, CPU time and address space, and what
+test processes may see of the slot's pid namespace."""
 
 import os
 import time
+
+_MS_REMOUNT = 32
+
+
+def hide_other_processes(gid):
+    """Remount the slot's ``/proc`` with ``hidepid=invisible``: a test process sees only processes of its own uid,
+    not the zygote (whose counters a program could otherwise modulate for a later program to read); group ``gid``
+    (the zygote's) still sees everything. Needs CAP_SYS_ADMIN in the pid namespace's owner."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"proc", b"/proc", b"proc", _MS_REMOUNT, f"hidepid=invisible,gid={gid}".encode()) != 0:
+        raise OSError(ctypes.get_errno(), "cannot remount /proc with hidepid")
+
+
+def scramble_next_pid(rng=os.urandom):
+    """Start the slot's pid namespace's next pid at a random value, so that no program can read from its own pid how
+    many pids the programs before it used (a covert channel across programs). Needs CAP_CHECKPOINT_RESTORE; returns
+    False where it is refused."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+        low = 1000
+        span = max(1, pid_max - 65536 - low)
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(low + int.from_bytes(rng(4), "little") % span))
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def ns_pids(me):

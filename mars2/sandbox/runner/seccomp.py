@@ -44,6 +44,8 @@ _ARCHES = {
         "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188,
         "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
         "setxattrat": 463, "removexattrat": 466,
+        "ioctl": 16, "fcntl": 72, "umask": 95, "mkdir": 83, "mkdirat": 258, "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
@@ -66,6 +68,7 @@ _ARCHES = {
         "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "utimensat": 88,
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
         "setxattrat": 463, "removexattrat": 466,
+        "ioctl": 29, "fcntl": 25, "umask": 166, "mkdirat": 34, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
     }),
 }
 DENIED = (
@@ -83,6 +86,10 @@ DENIED = (
 METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
             "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
             "fremovexattr", "setxattrat", "removexattrat")
+# with no_metadata: ioctls that change an inode's flags or version, and file leases (an fcntl), need only ownership
+INODE_IOCTLS = (0x40086602, 0x40046602, 0x401C5820, 0x40087602, 0x40047602)  # FS_IOC{,32}_SET{FLAGS,VERSION}, FSSETXATTR
+F_SETLEASE = 1024
+OWNER_RWX = 0o700
 SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr")  # arg0 pid == 0
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
@@ -98,9 +105,11 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
 
     ``no_process_creation``: fork/vfork/clone without CLONE_THREAD fail (EAGAIN). ``no_kill_all``:
     ``kill(pid <= 0, ...)`` fails. ``protect_pid``: no signal can be sent to that pid (the zygote, when
-    tests share its uid) and ``pidfd_open`` fails. ``no_metadata``: chmod, chown, utime and xattr changes
-    fail (EPERM): for tests that run as the grader's own uid, which owns files outside the sandbox that Landlock,
-    which does not cover metadata, would leave open to them.
+    tests share its uid), ``pidfd_open`` fails, and ``rt_sigqueueinfo``/``rt_tgsigqueueinfo`` are checked as
+    ``kill``/``tgkill``. ``no_metadata``: for tests that run as the grader's own uid, which owns files outside the
+    sandbox whose metadata Landlock does not cover: chmod, chown, utime and xattr changes, inode flag ioctls and
+    file leases fail (EPERM), and so do a ``umask`` or a ``mkdir`` that would leave a folder its owner (the grader's
+    uid, which must count and remove everything a program makes) cannot list.
     """
     machine = os.uname().machine
     if machine not in _ARCHES:
@@ -129,10 +138,19 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
             prog.append(("jeq", nrs[name], "eagain"))
     if no_kill_all or protect_pid is not None:
         prog.append(("jeq", nrs["kill"], "kill_check"))
+        prog.append(("jeq", nrs["rt_sigqueueinfo"], "kill_check"))
     if protect_pid is not None:
         prog.append(("jeq", nrs["tkill"], "tkill_check"))
         prog.append(("jeq", nrs["tgkill"], "tkill_check"))
+        prog.append(("jeq", nrs["rt_tgsigqueueinfo"], "tkill_check"))
         prog.append(("jeq", nrs["pidfd_open"], "eperm"))
+    if no_metadata:
+        prog.append(("jeq", nrs["ioctl"], "ioctl_check"))
+        prog.append(("jeq", nrs["fcntl"], "fcntl_check"))
+        prog.append(("jeq", nrs["umask"], "umask_check"))
+        if "mkdir" in nrs:
+            prog.append(("jeq", nrs["mkdir"], "mkdir_check"))
+        prog.append(("jeq", nrs["mkdirat"], "mkdirat_check"))
     prog += [("ret", _RET_ALLOW),
              ("label", "arg0_zero"), ("ld", 16), ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EPERM),
              ("label", "setpriority"), ("ld", 16), ("jne", PRIO_PROCESS, "eperm"), ("ld", 24), ("jeq", 0, "allow"),
@@ -156,6 +174,15 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
         prog += [("jeq", 0, "eperm"), ("jset", 0x80000000, "eperm"), ("ret", _RET_ALLOW)]
     if protect_pid is not None:
         prog += [("label", "tkill_check"), ("ld", 16), ("jeq", protect_pid, "eperm"), ("ret", _RET_ALLOW)]
+    if no_metadata:
+        prog += [("label", "ioctl_check"), ("ld", 24)]  # the request is arg 1
+        prog += [("jeq", request, "eperm") for request in INODE_IOCTLS] + [("ret", _RET_ALLOW)]
+        prog += [("label", "fcntl_check"), ("ld", 24), ("jeq", F_SETLEASE, "eperm"), ("ret", _RET_ALLOW),
+                 ("label", "umask_check"), ("ld", 16), ("jset", OWNER_RWX, "eperm"), ("ret", _RET_ALLOW)]
+        for name, mode_offset in (("mkdir", 24), ("mkdirat", 32)):
+            if name in nrs:  # (mode & 0700) must be 0700
+                prog += [("label", f"{name}_check"), ("ld", mode_offset), ("and", OWNER_RWX),
+                         ("jeq", OWNER_RWX, "allow"), ("ret", _RET_ERRNO | errno.EPERM)]
     prog += [("label", "allow"), ("ret", _RET_ALLOW),
              ("label", "eperm"), ("ret", _RET_ERRNO | errno.EPERM),
              ("label", "eagain"), ("ret", _RET_ERRNO | errno.EAGAIN),

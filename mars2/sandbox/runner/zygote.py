@@ -48,24 +48,27 @@ import signal
 import sys
 import time
 
-from .confine import EXIT_SETUP_FAILED, confine_test_process
+from .confine import EXIT_SETUP_FAILED, confine_test_process, drop_capability
 from .errors import PROGRAM_NAME, STDERR_TAIL, format_error, join_text, parse_record, signal_verdict
-from .files import ScratchMeter, read_head, read_tail, rmtree, wipe, write_all
+from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe, write_all
 from .lcb_parity import lcb_child, load_harness
+from .mounts import MountHelper
 from .libc import libc as _libc
-from .procs import ns_pids, proc_cpu, reap_children, vm_size, wait_exit
+from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, scramble_next_pid, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
 from .seccomp import SeccompFilter, seccomp_program
-from .wire import FRAME, read_frame, write_frame
+from .wire import FRAME, encode_frame, read_frame, write_frame
 
 RECORD_CAP = 64 * 1024  # a test's status record, and a result frame's header from a test process
 QUOTA_POLL_S = 0.02  # how often the scratch folder's quota is read while a test runs
+_CAP_SYS_ADMIN = 21
 
 
 class Zygote:
     """One worker slot's zygote. ``cfg`` is the JSON the grader starts it with (:meth:`mars2.sandbox.pool.Slot.start`):
-    ``uid``/``gid`` of the tests (None: our own), ``pidns``, ``scratch_root`` (``private_scratch_fs``: on a
-    filesystem of this slot alone), ``remove_on_exit`` (a folder to remove when the grader goes away),
+    ``uid``/``gid`` of the tests (None: our own), ``pidns`` (``isolate_pidns``: hide it from tests and start each
+    program at a random pid), ``scratch_root`` (``private_scratch_fs``: on a filesystem of this slot alone),
+    ``remove_on_exit`` (a folder to remove when the grader goes away),
     ``sys_path`` (site directories), ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
 
     def __init__(self, cfg):
@@ -86,8 +89,17 @@ class Zygote:
         os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
         os.chmod(self.scratch_root, 0o711)  # programs may pass through it to their own folder, not list it
         wipe(self.scratch_root)  # what a zygote killed mid-test left (a restart of this slot)
-        self.meter = ScratchMeter(self.scratch_root, bool(cfg.get("private_scratch_fs")))
         self.remove_on_exit = cfg.get("remove_on_exit")
+        # at the bwrap level the slot carries nothing from program to program: each program's folder is a tmpfs of
+        # its own (mounted by a helper that keeps CAP_SYS_ADMIN, which we give up), tests see no other uid's
+        # processes (the zygote), and each program's first pid is random
+        self.scramble_pids = bool(cfg.get("isolate_pidns"))
+        self.mounter = None
+        if self.scramble_pids:
+            hide_other_processes(os.getgid())
+            self.mounter = MountHelper()
+            drop_capability(_CAP_SYS_ADMIN)
+        self.meter = ScratchMeter(private_mounts=self.mounter is not None)
         for path in cfg.get("sys_path", []):
             if path not in sys.path:
                 sys.path.append(path)
@@ -227,14 +239,15 @@ class Zygote:
 
     # ---- a program's folder, files and test processes ----------------------------------------------
 
-    def _new_io(self, stdin_bytes, session=False):
+    def _new_io(self, stdin_bytes, limits, session=False):
         """A fresh scratch folder and anonymous in-memory files for the test's stdin (the input only), stdout,
         stderr, status record and return value. Returns ``(folder, work, fds)``.
 
         The folder has an unguessable name in the scratch root (which nobody may list), is the program's alone
         and is removed as a whole afterwards. For a session (several tests in one process) the program works in
         ``<folder>/work``, which the test process wipes between tests (the program cannot write beside it);
-        otherwise it works in the folder itself."""
+        otherwise it works in the folder itself. At the bwrap level ``work`` is a fresh tmpfs of the program's
+        quotas (:mod:`.mounts`)."""
         folder = os.path.join(self.scratch_root, os.urandom(16).hex())
         if session:
             os.mkdir(folder)
@@ -246,24 +259,34 @@ class Zygote:
             work = folder
         if self.uid is not None:
             os.chown(work, self.uid, self.gid)
-        self.meter.begin()
+        if self.mounter is not None:
+            self.mounter.mount(work, limits["disk_bytes"], limits["max_files"] + 1, self.uid, self.gid)
         fds = {name: os.memfd_create(f"mars2-{name}", os.MFD_CLOEXEC) for name in ("in", "out", "err", "rec", "val")}
         if stdin_bytes:
             write_all(fds["in"], stdin_bytes)
             os.lseek(fds["in"], 0, os.SEEK_SET)
         return folder, work, fds
 
-    def _cleanup_io(self, folder, fds):
+    def _cleanup_io(self, folder, work, fds):
         for fd in fds.values():
             try:
                 os.close(fd)
             except OSError:
                 pass
+        if self.mounter is not None:
+            try:
+                self.mounter.umount(work)
+            except OSError:
+                pass  # (already gone) the folder is removed below either way
         rmtree(folder)
 
     def _fork_test_process(self, limits, work, fds, run, stdout_to_null=False):
         """Fork a test process: confine it (:func:`.confine.confine_test_process`), then ``run()``. Returns its
         pid and the read end of its ready pipe (:meth:`_ready`)."""
+        if self.uid is None:  # RLIMIT_NPROC counts every task of a uid: only a dedicated one's are the slot's
+            limits = {**limits, "nproc": 0}
+        if self.scramble_pids and not scramble_next_pid():
+            raise OSError("the slot's next pid cannot be set (CAP_CHECKPOINT_RESTORE)")
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
@@ -306,7 +329,7 @@ class Zygote:
     def test_script(self, program, payload):
         limits = program["limits"]
         mode = program["mode"]
-        folder, work, fds = self._new_io(payload if mode == "stdin" else b"")
+        folder, work, fds = self._new_io(payload if mode == "stdin" else b"", limits)
         proc = {"ready_fd": None, "ready": False}
         try:
             pid, proc["ready_fd"] = self._fork_test_process(limits, work, fds,
@@ -317,7 +340,7 @@ class Zygote:
             return self._collect(waited, limits, fds, mode, self._ready(proc))
         finally:
             self._close_ready(proc)
-            self._cleanup_io(folder, fds)
+            self._cleanup_io(folder, work, fds)
 
     def _grader_gone(self):
         """The grader closed our control pipe (it exited or was killed): take everything down."""
@@ -395,6 +418,19 @@ class Zygote:
         return status, rusage, time.monotonic() - start, killed, quota
 
     def _collect(self, waited, limits, fds, mode, ready):
+        reply, out = self._collect_once(waited, limits, fds, mode, ready)
+        return self._quota_verdict(reply, limits), out
+
+    @staticmethod
+    def _quota_verdict(reply, limits):
+        """A runtime error of running out of space is the program's quota (:func:`.files.quota_error`)."""
+        if reply.get("status") == "RE":
+            found = quota_error(str(reply.get("error", "")), limits)
+            if found is not None:
+                reply["status"], reply["error"] = found
+        return reply
+
+    def _collect_once(self, waited, limits, fds, mode, ready):
         status, rusage, wall, killed, quota = waited
         cpu = rusage.ru_utime + rusage.ru_stime
         out = read_head(fds["out"], limits["output_bytes"]) if mode == "stdin" else b""
@@ -453,8 +489,9 @@ class Zygote:
         cpu_before = proc_cpu(session["pid"])
         start = time.monotonic()
         try:
-            write_frame(session["to_child"], {"op": "test"}, payload)
-            answer = self._read_child(session, start + limits["wall_s"], limits)
+            answer = self._send_child(session, encode_frame({"op": "test"}, payload), start + limits["wall_s"], limits)
+            if answer is None:
+                answer = self._read_child(session, start + limits["wall_s"], limits)
         except OSError:
             answer = ("eof",)
         wall = time.monotonic() - start
@@ -487,7 +524,7 @@ class Zygote:
                 reply.update(status="RE", error=join_text(f"exited with code {code}" if code else
                                                           "exited before the runner could report (os._exit?)",
                                                           session.get("err_tail", "")))
-            return reply, b""
+            return self._quota_verdict(reply, limits), b""
         _, header, out = answer
         cpu = max(0.0, proc_cpu(session["pid"]) - cpu_before)
         reply = {"status": header.get("status", "RE"), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
@@ -504,6 +541,7 @@ class Zygote:
         if quota is not None:
             reply.update(status="QUOTA", error=quota)
             out = b""
+        self._quota_verdict(reply, limits)
         if header.get("dirty") or reply["status"] in ("TLE", "QUOTA"):
             self._close_session(session)
             program["session"] = None
@@ -515,10 +553,11 @@ class Zygote:
         limits = dict(program["limits"])
         # one process runs every test: its CPU cap covers all of them (each test is checked on its own)
         limits["time_s_total"] = (limits["time_s"] + 1) * max(1, program["ntests"]) + 1
-        folder, work, fds = self._new_io(b"", session=True)
+        folder, work, fds = self._new_io(b"", limits, session=True)
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe2(os.O_CLOEXEC)
         os.set_inheritable(to_child_w, False)
+        os.set_blocking(to_child_w, False)  # the program may stop reading: our writes have deadlines
         # the child reads test frames on fd 3 and writes results on fd 4 (where script children find their
         # record/value files)
         pid, ready_fd = self._fork_test_process(limits, work, {**fds, "rec": to_child_r, "val": from_child_w},
@@ -528,13 +567,47 @@ class Zygote:
         return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": folder,
                 "work": work, "fds": fds, "ready_fd": ready_fd, "ready": False}
 
+    def _send_child(self, session, data, deadline, limits):
+        """Write a test frame to the test process (which the program may keep from reading) before ``deadline``,
+        reading the quota meanwhile. None once it is all written, else an answer as :meth:`_read_child` gives one."""
+        fd = session["to_child"]
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+                continue
+            except BlockingIOError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return ("timeout",)
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.register(self.ctl_in, select.POLLHUP)
+            events = dict(poller.poll(max(1, int(min(remaining, QUOTA_POLL_S) * 1000) + 1)))
+            if self.ctl_in in events and fd not in events:
+                self._close_session(session)
+                self._die()
+            if fd in events and events[fd] & (select.POLLERR | select.POLLHUP):
+                return ("eof",)
+            quota = self.meter.exceeded(session["work"], session["pid"], limits)
+            if quota is not None:
+                return "quota", quota
+        return None
+
     def _read_child(self, session, deadline, limits):
         """The test process's answer before ``deadline``: ``("frame", header, payload)``; ``("timeout",)``,
         ``("eof",)`` (it exited, or sent something malformed) or ``("quota", why)`` (read every
         ``QUOTA_POLL_S`` while it runs)."""
         fd = session["from_child"]
         buf = session["buf"]
+        next_quota = time.monotonic() + QUOTA_POLL_S
         while True:
+            if time.monotonic() >= next_quota:  # also while the program keeps the pipe busy
+                next_quota = time.monotonic() + QUOTA_POLL_S
+                quota = self.meter.exceeded(session["work"], session["pid"], limits)
+                if quota is not None:
+                    return "quota", quota
             if len(buf) >= FRAME.size:
                 hlen, plen = FRAME.unpack(buf[:FRAME.size])
                 if hlen > RECORD_CAP or plen > limits["output_bytes"] + 1:
@@ -560,9 +633,6 @@ class Zygote:
                 self._close_session(session)
                 self._die()
             if fd not in events:
-                quota = self.meter.exceeded(session["work"], session["pid"], limits)
-                if quota is not None:
-                    return "quota", quota
                 continue
             chunk = os.read(fd, 1 << 20)
             if not chunk:
@@ -594,8 +664,8 @@ class Zygote:
             session["err_tail"] = read_tail(session["fds"]["err"], STDERR_TAIL).decode("utf-8", "replace")
         except OSError:
             pass
-        self._cleanup_io(session["scratch"], session["fds"])
-        self._kill_leftovers()
+        self._kill_leftovers()  # first: a daemon of the program could re-link files into the folder being removed
+        self._cleanup_io(session["scratch"], session["work"], session["fds"])
 
     def _script_session_child(self, program):
         script_session_child(program, self.preamble_names)
@@ -606,36 +676,44 @@ class Zygote:
     # ---- cleanup ----------------------------------------------------------------------------------
 
     def _kill_leftovers(self):
-        """Kill every process a test left behind (daemons, setsid() escapees), then wait until gone."""
+        """Kill every process a test left behind (daemons, setsid() escapees), then wait until gone: everything in
+        our pid namespace but us, its init and the mount helper, or every process of the slot's uid."""
+        keep = {self.mounter.pid} if self.mounter is not None else set()
         if self.pidns:
             me = os.getpid()
-            others = ns_pids(me)
-            if not others:
+            if not [p for p in ns_pids(me) if p not in keep]:
                 return
-            try:
-                os.kill(-1, signal.SIGKILL)  # everything in our pid namespace but us and its init
-            except ProcessLookupError:
-                return
+            if keep:  # the helper is root: kill as the tests' uid, which reaches exactly theirs
+                self._kill_uid()
+            else:
+                try:
+                    os.kill(-1, signal.SIGKILL)  # everything in our pid namespace but us and its init
+                except ProcessLookupError:
+                    return
             reap_children()
             deadline = time.monotonic() + 5.0
-            while ns_pids(me) and time.monotonic() < deadline:
+            while [p for p in ns_pids(me) if p not in keep] and time.monotonic() < deadline:
                 reap_children()
                 time.sleep(0.005)
         elif self.uid is not None:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.setgroups([])
-                    os.setresgid(self.gid, self.gid, self.gid)
-                    os.setresuid(self.uid, self.uid, self.uid)
-                    for _ in range(3):
-                        try:
-                            os.kill(-1, signal.SIGKILL)  # every process of the slot's own uid but us
-                        except ProcessLookupError:
-                            break
-                finally:
-                    os._exit(0)
-            os.waitpid(pid, 0)
+            self._kill_uid()
             reap_children()
         else:
             reap_children()
+
+    def _kill_uid(self):
+        """``kill(-1, SIGKILL)`` as the slot's uid, from a child: every process of that uid but the child dies."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setresgid(self.gid, self.gid, self.gid)
+                os.setresuid(self.uid, self.uid, self.uid)
+                for _ in range(3):
+                    try:
+                        os.kill(-1, signal.SIGKILL)
+                    except ProcessLookupError:
+                        break
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)

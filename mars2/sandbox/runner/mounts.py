@@ -1,0 +1,77 @@
+"""A fresh filesystem per program (``bwrap`` level): each program's scratch folder is a tmpfs of its own, mounted by
+a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up.
+
+A tmpfs of ``disk_mb`` bytes and ``max_files + 1`` inodes makes the quotas the kernel's (``ENOSPC``, files unlinked
+while open included), and its inode numbers and allocation state start afresh: nothing a program does to its
+filesystem (how many files it made, how it fragmented it) is visible to a later program. Unmounted (detached) once
+the program is done, after its processes are killed.
+"""
+
+import ctypes
+import json
+import os
+
+from .wire import read_frame, write_frame
+
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+
+
+class MountHelper:
+    """The zygote's side: a forked helper serving ``mount``/``umount`` requests on a private pair of pipes. It dies
+    with the zygote (parent-death signal, and the end of its request pipe)."""
+
+    def __init__(self):
+        req_r, req_w = os.pipe2(os.O_CLOEXEC)
+        rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(req_w)
+                os.close(rep_r)
+                _serve(req_r, rep_w)
+            finally:
+                os._exit(0)
+        os.close(req_r)
+        os.close(rep_w)
+        self.pid, self.req, self.rep = pid, req_w, rep_r
+
+    def _ask(self, request):
+        write_frame(self.req, request)
+        reply, _ = read_frame(self.rep)
+        if reply.get("error"):
+            raise OSError(reply["error"])
+
+    def mount(self, path, size_bytes, inodes, uid, gid):
+        """A fresh tmpfs on ``path``: ``size_bytes``, ``inodes`` inodes (its root included), owned by ``uid``/``gid``,
+        mode 0700, no set-uid programs or devices."""
+        self._ask({"op": "mount", "path": path, "size": int(size_bytes), "inodes": int(inodes),
+                   "uid": uid, "gid": gid})
+
+    def umount(self, path):
+        """Detach the tmpfs on ``path`` (freed once nothing holds it)."""
+        self._ask({"op": "umount", "path": path})
+
+
+def _serve(req, rep):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL when the zygote dies
+    os.closerange(3, min(req, rep))
+    os.closerange(max(req, rep) + 1, 1 << 20)
+    while True:
+        try:
+            request, _ = read_frame(req)
+        except (EOFError, ValueError, OSError):
+            return
+        path = os.fsencode(request.get("path", ""))
+        if request.get("op") == "mount":
+            options = (f"size={request['size']},nr_inodes={request['inodes']},mode=0700,"
+                       f"uid={request['uid']},gid={request['gid']}").encode()
+            ok = libc.mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
+        elif request.get("op") == "umount":
+            ok = libc.umount2(path, _MNT_DETACH) == 0
+        else:
+            write_frame(rep, {"error": f"unknown request {json.dumps(request)[:100]}"})
+            continue
+        write_frame(rep, {} if ok else {"error": f"{request['op']} {request.get('path')}: "
+                                                  f"{os.strerror(ctypes.get_errno())}"})
