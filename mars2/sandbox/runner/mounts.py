@@ -4,13 +4,14 @@ a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up
 A tmpfs of ``disk_mb`` bytes and ``max_files + 1`` inodes makes the quotas the kernel's (``ENOSPC``, files unlinked
 while open included), and its inode numbers and allocation state start afresh: nothing a program does to its
 filesystem (how many files it made, how it fragmented it) is visible to a later program. Unmounted (detached) once
-the program is done, after its processes are killed.
+the program is done, after its processes are killed (the helper does it while the zygote goes on).
 """
 
 import ctypes
 import json
 import os
 
+from .files import rmtree
 from .wire import read_frame, write_frame
 
 _MS_NOSUID, _MS_NODEV = 2, 4
@@ -48,9 +49,10 @@ class MountHelper:
         self._ask({"op": "mount", "path": path, "size": int(size_bytes), "inodes": int(inodes),
                    "uid": uid, "gid": gid})
 
-    def umount(self, path):
-        """Detach the tmpfs on ``path`` (freed once nothing holds it)."""
-        self._ask({"op": "umount", "path": path})
+    def release(self, path, folder):
+        """Detach the tmpfs on ``path`` and remove ``folder`` (which holds it), without waiting: the helper serves
+        requests in order, so the next :meth:`mount`'s answer means this one is done."""
+        write_frame(self.req, {"op": "release", "path": path, "folder": folder})
 
 
 def _serve(req, rep):
@@ -68,8 +70,10 @@ def _serve(req, rep):
             options = (f"size={request['size']},nr_inodes={request['inodes']},mode=0700,"
                        f"uid={request['uid']},gid={request['gid']}").encode()
             ok = libc.mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
-        elif request.get("op") == "umount":
-            ok = libc.umount2(path, _MNT_DETACH) == 0
+        elif request.get("op") == "release":
+            libc.umount2(path, _MNT_DETACH)
+            rmtree(request.get("folder", ""))
+            continue  # no answer: the zygote does not wait for it
         else:
             write_frame(rep, {"error": f"unknown request {json.dumps(request)[:100]}"})
             continue

@@ -18,17 +18,22 @@ def hide_other_processes(gid):
         raise OSError(ctypes.get_errno(), "cannot remount /proc with hidepid")
 
 
+_PID_SPAN = []
+
+
 def scramble_next_pid(rng=os.urandom):
     """Start the slot's pid namespace's next pid at a random value, so that no program can read from its own pid how
     many pids the programs before it used (a covert channel across programs). Needs CAP_CHECKPOINT_RESTORE; returns
     False where it is refused."""
     try:
-        with open("/proc/sys/kernel/pid_max") as f:
-            pid_max = int(f.read())
-        low = 1000
-        span = max(1, pid_max - 65536 - low)
-        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-            f.write(str(low + int.from_bytes(rng(4), "little") % span))
+        if not _PID_SPAN:
+            with open("/proc/sys/kernel/pid_max") as f:
+                _PID_SPAN.append(max(1, int(f.read()) - 65536 - 1000))
+        fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY)
+        try:
+            os.write(fd, str(1000 + int.from_bytes(rng(4), "little") % _PID_SPAN[0]).encode())
+        finally:
+            os.close(fd)
         return True
     except (OSError, ValueError):
         return False

@@ -274,11 +274,9 @@ class Zygote:
             except OSError:
                 pass
         if self.mounter is not None:
-            try:
-                self.mounter.umount(work)
-            except OSError:
-                pass  # (already gone) the folder is removed below either way
-        rmtree(folder)
+            self.mounter.release(work, folder)
+        else:
+            rmtree(folder)
 
     def _fork_test_process(self, limits, work, fds, run, stdout_to_null=False):
         """Fork a test process: confine it (:func:`.confine.confine_test_process`), then ``run()``. Returns its
@@ -500,6 +498,10 @@ class Zygote:
         if answer[0] != "frame":
             # "eof": the process is exiting (its pipe closes before it becomes a zombie: give it a moment)
             alive = answer[0] != "eof" or not wait_exit(session["pid"], 2.0)
+            if answer[0] != "quota":  # what it left in its folder, read before the folder goes
+                quota = self.meter.exceeded(session["work"], None, limits)
+                if quota is not None and self._ready(session):
+                    answer = ("quota", quota)
             self._close_session(session)
             program["session"] = None
             status, rusage = session.get("exit", (None, None))
