@@ -54,9 +54,8 @@ UID_BASE = int(os.environ.get("MARS2_SANDBOX_UID_BASE", "61000"))
 UID_COUNT = int(os.environ.get("MARS2_SANDBOX_UID_COUNT", "512"))
 CGROUP_NAME = "mars2-sandbox"
 # the zygote's (tests drop them all): uid changes, kills and cleanup; CAP_SYS_ADMIN only to remount /proc hidepid
-# at its start (then dropped); CAP_CHECKPOINT_RESTORE to set the slot's next pid per program
-BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN",
-              "CAP_CHECKPOINT_RESTORE")
+# and fork its mount helper at its start, then dropped (the helper keeps it: a tmpfs and a random next pid per program)
+BWRAP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
 CHILD_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",

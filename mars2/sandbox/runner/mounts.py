@@ -1,5 +1,6 @@
-"""A fresh filesystem per program (``bwrap`` level): each program's scratch folder is a tmpfs of its own, mounted by
-a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up.
+"""A fresh filesystem and a random first pid per program (``bwrap`` level): each program's scratch folder is a tmpfs
+of its own, mounted by a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up; the helper
+also sets the slot's next pid to a random value before each program (:func:`.procs.scramble_next_pid`).
 
 A tmpfs of ``disk_mb`` bytes and ``max_files + 1`` inodes makes the quotas the kernel's (``ENOSPC``, files unlinked
 while open included), and its inode numbers and allocation state start afresh: nothing a program does to its
@@ -12,6 +13,7 @@ import json
 import os
 
 from .files import rmtree
+from .procs import scramble_next_pid
 from .wire import read_frame, write_frame
 
 _MS_NOSUID, _MS_NODEV = 2, 4
@@ -45,7 +47,8 @@ class MountHelper:
 
     def mount(self, path, size_bytes, inodes, uid, gid):
         """A fresh tmpfs on ``path``: ``size_bytes``, ``inodes`` inodes (its root included), owned by ``uid``/``gid``,
-        mode 0700, no set-uid programs or devices."""
+        mode 0700, no set-uid programs or devices; then the slot's next pid is made random (the program is forked
+        next)."""
         self._ask({"op": "mount", "path": path, "size": int(size_bytes), "inodes": int(inodes),
                    "uid": uid, "gid": gid})
 
@@ -70,6 +73,9 @@ def _serve(req, rep):
             options = (f"size={request['size']},nr_inodes={request['inodes']},mode=0700,"
                        f"uid={request['uid']},gid={request['gid']}").encode()
             ok = libc.mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
+            if ok and not scramble_next_pid():
+                write_frame(rep, {"error": "the slot's next pid cannot be set (/proc/sys/kernel/ns_last_pid)"})
+                continue
         elif request.get("op") == "release":
             libc.umount2(path, _MNT_DETACH)
             rmtree(request.get("folder", ""))

@@ -23,8 +23,8 @@ _PID_SPAN = []
 
 def scramble_next_pid(rng=os.urandom):
     """Start the slot's pid namespace's next pid at a random value, so that no program can read from its own pid how
-    many pids the programs before it used (a covert channel across programs). Needs CAP_CHECKPOINT_RESTORE; returns
-    False where it is refused."""
+    many pids the programs before it used (a covert channel across programs). Needs CAP_SYS_ADMIN (or, from Linux
+    5.9, CAP_CHECKPOINT_RESTORE) over the namespace; returns False where it is refused."""
     try:
         if not _PID_SPAN:
             with open("/proc/sys/kernel/pid_max") as f:

@@ -54,7 +54,7 @@ from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe
 from .lcb_parity import lcb_child, load_harness
 from .mounts import MountHelper
 from .libc import libc as _libc
-from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, scramble_next_pid, vm_size, wait_exit
+from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
 from .seccomp import SeccompFilter, seccomp_program
 from .wire import FRAME, encode_frame, read_frame, write_frame
@@ -91,11 +91,10 @@ class Zygote:
         wipe(self.scratch_root)  # what a zygote killed mid-test left (a restart of this slot)
         self.remove_on_exit = cfg.get("remove_on_exit")
         # at the bwrap level the slot carries nothing from program to program: each program's folder is a tmpfs of
-        # its own (mounted by a helper that keeps CAP_SYS_ADMIN, which we give up), tests see no other uid's
-        # processes (the zygote), and each program's first pid is random
-        self.scramble_pids = bool(cfg.get("isolate_pidns"))
+        # its own and its first pid random (both by a helper that keeps CAP_SYS_ADMIN, which we give up), and tests
+        # see no other uid's processes (the zygote)
         self.mounter = None
-        if self.scramble_pids:
+        if cfg.get("isolate_pidns"):
             hide_other_processes(os.getgid())
             self.mounter = MountHelper()
             drop_capability(_CAP_SYS_ADMIN)
@@ -283,8 +282,6 @@ class Zygote:
         pid and the read end of its ready pipe (:meth:`_ready`)."""
         if self.uid is None:  # RLIMIT_NPROC counts every task of a uid: only a dedicated one's are the slot's
             limits = {**limits, "nproc": 0}
-        if self.scramble_pids and not scramble_next_pid():
-            raise OSError("the slot's next pid cannot be set (CAP_CHECKPOINT_RESTORE)")
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
