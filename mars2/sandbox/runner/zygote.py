@@ -566,6 +566,21 @@ class Zygote:
         return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": folder,
                 "work": work, "fds": fds, "ready_fd": ready_fd, "ready": False}
 
+    def _poll_child(self, session, fd, event, deadline):
+        """Wait up to ``QUOTA_POLL_S`` (and no later than ``deadline``) for ``event`` on a pipe to the test process;
+        the grader going away ends everything. The pipe's events (0: none yet), or None past the deadline."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        poller = select.poll()
+        poller.register(fd, event)
+        poller.register(self.ctl_in, select.POLLHUP)
+        events = dict(poller.poll(max(1, int(min(remaining, QUOTA_POLL_S) * 1000) + 1)))
+        if self.ctl_in in events and fd not in events:
+            self._close_session(session)
+            self._die()
+        return events.get(fd, 0)
+
     def _send_child(self, session, data, deadline, limits):
         """Write a test frame to the test process (which the program may keep from reading) before ``deadline``,
         reading the quota meanwhile. None once it is all written, else an answer as :meth:`_read_child` gives one."""
@@ -577,17 +592,10 @@ class Zygote:
                 continue
             except BlockingIOError:
                 pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            events = self._poll_child(session, fd, select.POLLOUT, deadline)
+            if events is None:
                 return ("timeout",)
-            poller = select.poll()
-            poller.register(fd, select.POLLOUT)
-            poller.register(self.ctl_in, select.POLLHUP)
-            events = dict(poller.poll(max(1, int(min(remaining, QUOTA_POLL_S) * 1000) + 1)))
-            if self.ctl_in in events and fd not in events:
-                self._close_session(session)
-                self._die()
-            if fd in events and events[fd] & (select.POLLERR | select.POLLHUP):
+            if events & (select.POLLERR | select.POLLHUP):
                 return ("eof",)
             quota = self.meter.exceeded(session["work"], session["pid"], limits)
             if quota is not None:
@@ -621,17 +629,10 @@ class Zygote:
                         return ("eof",)
                     session["buf"] = buf[total:]
                     return "frame", (header if isinstance(header, dict) else {}), buf[FRAME.size + hlen:total]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            events = self._poll_child(session, fd, select.POLLIN, deadline)
+            if events is None:
                 return ("timeout",)
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            poller.register(self.ctl_in, select.POLLHUP)
-            events = dict(poller.poll(max(1, int(min(remaining, QUOTA_POLL_S) * 1000) + 1)))
-            if self.ctl_in in events and fd not in events:
-                self._close_session(session)
-                self._die()
-            if fd not in events:
+            if not events:
                 continue
             chunk = os.read(fd, 1 << 20)
             if not chunk:
