@@ -137,6 +137,15 @@ class AsyncEngineArgs:
         assert kw["logprobs_mode"] == "processed_logprobs" and kw["model"]
         self.kw = kw
 ''',
+    "vllm/platforms/__init__.py": '''
+import os
+
+class _Platform:
+    def is_sleep_mode_available(self):  # as vLLM: CUDA, ROCm and XPU have it, CPU does not
+        return os.environ.get("FAKE_VLLM_DEVICE", "cuda") != "cpu"
+
+current_platform = _Platform()
+''',
     "vllm/v1/__init__.py": "",
     "vllm/v1/engine/__init__.py": "",
     "vllm/v1/engine/async_llm.py": '''
@@ -149,8 +158,11 @@ def log(*event):
 
 class AsyncLLM:
     def __init__(self, kw):
+        from vllm.platforms import current_platform
+
         self.model, self.in_flight, self.peak, self.asleep = kw["model"], 0, 0, False
         self.sleep_mode = kw.get("enable_sleep_mode", False)
+        assert current_platform.is_sleep_mode_available() or not self.sleep_mode, "Sleep mode is not supported"
         log("start", kw["model"], kw["tensor_parallel_size"], kw["data_parallel_size"])
 
     @classmethod
@@ -198,8 +210,10 @@ def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(
     """The vLLM engine of a run (``AsyncLLM`` behind the engine protocol) with a stand-in ``vllm`` package that, like
     vLLM, refuses ``sleep`` without sleep mode: requests are in flight together, each with its own seed and the
     model's end tokens; a new version is loaded with ``collective_rpc("reload_weights")`` once none is in flight,
-    then the prefix cache is reset; a load into a sleeping engine wakes it first; a folder without readable
-    safetensors is refused before the reload and the engine keeps its version; it is started once."""
+    then the prefix cache is reset; sleep is level 2 (weights discarded) and a request after it wakes the engine and
+    reloads the folder it held, a load into a sleeping engine wakes it and loads only the new folder; a folder
+    without readable safetensors is refused before the reload and the engine keeps its version; it is started
+    once."""
     import json
 
     import torch
@@ -257,5 +271,39 @@ def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(
     rpc = kinds.index("rpc")
     assert events[rpc][1:] == ["reload_weights", {"weights_path": v2}, 0] and kinds[rpc + 1] == "reset"
     assert kinds.index("rpc") > max(i for i, e in enumerate(events[:rpc]) if e[0] == "generate")
-    assert kinds[kinds.index("sleep") + 1] == "wake"
-    assert kinds.count("rpc") == 2 and kinds[-kinds[::-1].index("rpc") - 2] == "wake"  # woken before the reload
+    sleeps = [i for i, k in enumerate(kinds) if k == "sleep"]
+    assert [events[i][1] for i in sleeps] == [2, 2]  # level 2: nothing copied to host memory
+    wake = kinds.index("wake", sleeps[0])
+    assert events[wake + 1][1:] == ["reload_weights", {"weights_path": v2}, 0] and kinds[wake + 2] == "reset"
+    assert kinds.count("rpc") == 3 and kinds[-kinds[::-1].index("rpc") - 2] == "wake"  # woken, then only v3 loaded
+    assert events[-kinds[::-1].index("rpc") - 1][2] == {"weights_path": v3}
+
+
+def test_a_vllm_engine_on_the_cpu_never_asks_for_sleep_mode(tmp_path, monkeypatch):
+    """vLLM refuses ``enable_sleep_mode`` at construction where the platform has none (its CPU build): the adapter
+    decides from the platform, and sleeping there is a no-op."""
+    import torch
+    from safetensors.torch import save_file
+
+    from mars2.backends.engine import EngineClient, EngineSpec
+
+    for name, text in FAKE_ASYNC_VLLM.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+    log = tmp_path / "vllm.log"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    monkeypatch.setenv("FAKE_VLLM_DEVICE", "cpu")
+    from dataclasses import asdict
+
+    engine = EngineClient(EngineSpec("q", str(folder), str(folder), version="v1", device="cpu", kind="vllm",
+                                     python=sys.executable, vllm=asdict(VLLMEngineArgs(model=str(folder))), stop_token_ids=(7,)))
+    try:
+        engine.sleep()
+        assert engine.generate(["a"], SamplingParams(max_new_tokens=4), [1])[0][0].text == f"{folder}|a"
+    finally:
+        engine.close()
+    assert "sleep" not in log.read_text() and "wake" not in log.read_text()

@@ -51,6 +51,7 @@ from multiprocessing import AuthenticationError
 from pathlib import Path
 
 from mars2.backends.base import Generation, SamplingParams, call_seeds, request_seed
+from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
@@ -244,7 +245,7 @@ class EngineClient:
         from multiprocessing.connection import Client
 
         address = str(self._folder / f"engine-{self.starts}.sock")
-        env = {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()}
+        env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()})
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

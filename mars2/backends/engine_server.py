@@ -56,7 +56,8 @@ class TransformersEngine:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
-    def wake(self) -> None:
+    def wake(self, restore: bool = True) -> None:
+        """Weights back on the device (``restore`` is vLLM's: a sleeping transformers engine kept them in memory)."""
         self.backend.model.to(self.device)
 
     def counters(self) -> dict:
@@ -143,8 +144,8 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.engine.drained():
-                if state.asleep:  # vLLM cannot reload into weights its sleep moved out; the next request wakes it
-                    state.engine.wake()
+                if state.asleep:  # vLLM cannot reload into a sleeping engine; the folder it held is replaced at once
+                    state.engine.wake(restore=False)
                     state.asleep = False
                 try:
                     state.engine.load(model_dir)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mars2.backends.base import Generation, SamplingParams, prompt_seeds
+from mars2.backends.vllm_env import engine_environment
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class VLLMBackend:
                 req, resp = Path(tmp) / f"request{r}.json", Path(tmp) / f"response{r}.jsonl"
                 req.write_text(json.dumps(build_request([prompts[i] for i in shard], params, self.engine,
                                                         self.stop_token_ids, [seeds[i] for i in shard])))
-                env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]}
+                env = engine_environment(self.python, {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]})
                 self.starts += 1
                 workers.append((shard, resp, subprocess.Popen(
                     [self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)], env=env,

@@ -33,12 +33,16 @@ class VLLMEngine:
 
     def __init__(self, engine_args: dict, stop_token_ids: list[int]):
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.stop_token_ids = list(stop_token_ids)
+        self.model_dir = engine_args["model"]
+        # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
+        self.sleep_mode = bool(current_platform.is_sleep_mode_available())
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**engine_args, "enable_sleep_mode": True},
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**engine_args, "enable_sleep_mode": self.sleep_mode},
                                                              logprobs_mode="processed_logprobs"))
         self._cv = threading.Condition()
         self._in_flight = 0
@@ -94,15 +98,28 @@ class VLLMEngine:
 
     def load(self, model_dir: str) -> None:
         check_safetensors(model_dir)
+        self._reload(model_dir)
+        self.model_dir = model_dir
+
+    def _reload(self, model_dir: str) -> None:
         self._run(self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir}))
         if self._run(self.llm.reset_prefix_cache()) is False:
             raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
 
     def sleep(self) -> None:
-        self._run(self.llm.sleep(level=1))
+        """Free the accelerator for the update: level 2 discards the weights (level 1 would copy them to pinned host
+        memory, ~61 GiB per GPU for a 32B agent, only for the next load to overwrite them) and the KV cache. A no-op
+        where vLLM has no sleep mode (CPU)."""
+        if self.sleep_mode:
+            self._run(self.llm.sleep(level=2))
 
-    def wake(self) -> None:
-        self._run(self.llm.wake_up())
+    def wake(self, restore: bool = True) -> None:
+        """Back from :meth:`sleep`; ``restore``: reload the folder it held (level 2 discarded it), unless a load of
+        another folder follows at once."""
+        if self.sleep_mode:
+            self._run(self.llm.wake_up())
+            if restore:
+                self._reload(self.model_dir)
 
     def counters(self) -> dict:
         return {"requests": self.requests}
