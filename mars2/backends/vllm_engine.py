@@ -42,12 +42,15 @@ class VLLMEngine:
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**{**engine_args, "enable_sleep_mode": self.sleep_mode},
-                                                             logprobs_mode="processed_logprobs"))
+        self.cpu = bool(current_platform.is_cpu())
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            **{**engine_args, "enable_sleep_mode": self.sleep_mode}, logprobs_mode="processed_logprobs",
+            **({"worker_extension_cls": f"{__name__}.CpuRepack"} if self.cpu else {})))
         self._cv = threading.Condition()
         self._in_flight = 0
         self._holds = 0
         self.requests = 0
+        self.prefix_cache_resets = 0
 
     def _run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
@@ -103,8 +106,11 @@ class VLLMEngine:
 
     def _reload(self, model_dir: str) -> None:
         self._run(self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir}))
+        if self.cpu:  # vLLM's CPU build keeps load-time packed copies of some weights (CpuRepack)
+            self._run(self.llm.collective_rpc("mars2_repack_cpu_gemm"))
         if self._run(self.llm.reset_prefix_cache()) is False:
             raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
+        self.prefix_cache_resets += 1
 
     def sleep(self) -> None:
         """Free the accelerator for the update: level 2 discards the weights (level 1 would copy them to pinned host
@@ -122,10 +128,29 @@ class VLLMEngine:
                 self._reload(self.model_dir)
 
     def counters(self) -> dict:
-        return {"requests": self.requests}
+        return {"requests": self.requests, "prefix_cache_resets": self.prefix_cache_resets}
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+class CpuRepack:
+    """A vLLM worker extension (``worker_extension_cls``) for its CPU build: there a linear layer multiplies with a
+    packed copy of its weight made at load time (``dispatch_cpu_unquantized_gemm``), and ``reload_weights`` does not
+    remake it for a layer whose weights the checkpoint does not hold, such as an LM head tied to the embeddings, which
+    then goes on computing logits with the first folder's embeddings. Every layer that still holds its weight is
+    packed again from it."""
+
+    def mars2_repack_cpu_gemm(self) -> int:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        repacked = 0
+        for module in self.model_runner.model.modules():
+            weight = getattr(module, "weight", None)
+            if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 and weight.numel():
+                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+                repacked += 1
+        return repacked
 
 
 def check_safetensors(model_dir: str) -> None:
