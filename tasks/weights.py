@@ -48,6 +48,9 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
         from mars2.backends.base import end_token_ids, generation_config_eos
         from mars2.backends.vllm_backend import VLLMBackend, vllm_engine_args
+        from mars2.backends.vllm_env import find_python
+
+        python = find_python() or "python"  # $MARS2_VLLM_PYTHON, or the CPU build's cached environment
 
         folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
@@ -58,10 +61,9 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
             return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
                                dtype=member.dtype, batch_size=batch_size, kind="vllm",
-                               python=os.environ.get("MARS2_VLLM_PYTHON", "python"), vllm=asdict(args),
+                               python=python, vllm=asdict(args),
                                stop_token_ids=tuple(stops)), tok
-        return VLLMBackend(args,
-                           python=os.environ.get("MARS2_VLLM_PYTHON", "python"), stop_token_ids=stops), tok
+        return VLLMBackend(args, python=python, stop_token_ids=stops), tok
     if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
         from transformers import AutoTokenizer
 

@@ -84,7 +84,6 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
     (["train.cycles=-1"], "train.cycles=-1"),
     (["train.cycles=abc"], "could not be converted to Integer"),
     (["+nonsense=1"], "unknown config key"),
-    (["agents.members.0.backend=vllm"], "vllm backend runs only on GPUs"),
     (["agents.members.1.shares_weights_with=qwen_tiny"], "heterogeneous preset needs"),
     (["agents.members.0.deepspeed=zero9"], "Profiles in conf/deepspeed/"),
     (["debug.fail_at=nowhere"], "debug.fail_at='nowhere' is unknown"),
@@ -96,6 +95,14 @@ def test_bad_overrides_give_clear_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as err:
         resolve(load_cfg(overrides), cuda_available=False)
     assert "\n" not in str(err.value).strip() or len(str(err.value)) < 600
+
+
+def test_a_vllm_agent_on_the_cpu_needs_the_vllm_environment(monkeypatch):
+    monkeypatch.setenv("MARS2_VLLM_PYTHON", "/nonexistent/bin/python")
+    with pytest.raises(ConfigError, match="vllm backend on the CPU needs vLLM's CPU build.*mars2.backends.vllm_env"):
+        resolve(load_cfg(["agents.members.0.backend=vllm"]), cuda_available=False)
+    monkeypatch.setenv("MARS2_VLLM_PYTHON", sys.executable)  # an interpreter exists: the agent may run there
+    resolve(load_cfg(["agents.members.0.backend=vllm"]), cuda_available=False)
 
 
 def _cli(*args, env_extra=None):

