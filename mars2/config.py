@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from mars2.backends.base import SERVICE_IDLE_EXIT_S
+
 # Allowed values, declared once: a field made with ``choice(...)`` is checked against them by ``validate``, and the
 # modules that act on a value (the sandbox, the search, the CLI) import these tuples rather than spell them again.
 PARADIGMS = ("single", "homogeneous", "heterogeneous")
@@ -254,6 +256,10 @@ class BackendConfig:
     # seconds a persistent engine may take to start (a 32B vLLM engine's load and CUDA-graph capture take minutes)
     # and a node service to answer a stage's handshake
     start_timeout_s: float = field(default=900.0, metadata={"cache_key": False})
+    # orchestration=pools: seconds a node's engine service waits with no stage connected before it exits. Longer than
+    # an update (a 32B ZeRO-3 update with optimizer offload runs for an hour or more), or every cycle cold-starts its
+    # engines (a restart after an idle exit is counted in engine_starts)
+    service_idle_exit_s: float = field(default=SERVICE_IDLE_EXIT_S, metadata={"cache_key": False})
 
     gpu_memory_utilization: float = 0.85  # share of each GPU's memory vLLM takes (weights + KV cache)
     tensor_parallel_size: int = 1  # GPUs one engine shards the model over

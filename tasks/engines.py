@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
 from mars2.io import atomic_write_text
 from tasks.stage import StageContext
@@ -27,9 +28,10 @@ class EnginePool:
     node's services of the run (``service_dir``: a stage flow run on a pool worker)."""
 
     def __init__(self, persistent: bool, run_dir: Path | None = None, service_dir: Path | None = None,
-                 start_timeout_s: float = 900.0):
+                 start_timeout_s: float = 900.0, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
         self.persistent = persistent
         self.start_timeout_s = start_timeout_s
+        self.idle_exit_s = idle_exit_s  # a node service's (backend.service_idle_exit_s)
         self.run_dir = run_dir
         self.service_dir = service_dir
         self.engines: dict[str, EngineClient] = {}
@@ -44,7 +46,8 @@ class EnginePool:
             try:
                 engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
                                                  batch_size=batch_size, threads=threads, **kind),
-                                      service_dir=self.service_dir, start_timeout_s=self.start_timeout_s)
+                                      service_dir=self.service_dir, start_timeout_s=self.start_timeout_s,
+                                      idle_exit_s=self.idle_exit_s)
             except EngineError as e:  # the failed run's engine_starts still counts the start it paid for
                 self.handed_out.append((owner, SimpleNamespace(starts=e.starts)))
                 raise
@@ -105,12 +108,14 @@ def engine_pool(persistent: bool, ctx: StageContext | None = None, start_timeout
 
 
 @contextlib.contextmanager
-def node_engines(persistent: bool, ctx: StageContext, start_timeout_s: float = 900.0) -> Iterator[EnginePool]:
+def node_engines(persistent: bool, ctx: StageContext, start_timeout_s: float = 900.0,
+                 idle_exit_s: float = SERVICE_IDLE_EXIT_S) -> Iterator[EnginePool]:
     """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
-    that needs one, attached to by the next), disconnected from when the block ends."""
+    that needs one, attached to by the next; each exits after ``idle_exit_s`` with no stage connected), disconnected
+    from when the block ends."""
     global _pool
     _pool = EnginePool(persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
-                       start_timeout_s=start_timeout_s)
+                       start_timeout_s=start_timeout_s, idle_exit_s=idle_exit_s)
     try:
         yield _pool
     finally:

@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import json
 import typing
+from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,7 +167,8 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
                                 "($MARS2_HOME) at the same path")
     engine = kwargs.get("engine")  # rollout and evaluation: the node's engine services of the run
     with node_engines(bool(getattr(engine, "persistent", False)), kwargs["ctx"],
-                      float(getattr(engine, "start_timeout_s", 900.0))):
+                      float(getattr(engine, "start_timeout_s", 900.0)),
+                      float(getattr(engine, "service_idle_exit_s", SERVICE_IDLE_EXIT_S))):
         record = getattr(bound(root), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -586,6 +586,22 @@ def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
     assert _alive(pid) and _gone_within(pid, 15)
 
 
+def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, tmp_path):
+    """A node service's idle exit is ``backend.service_idle_exit_s`` (hours by default: longer than a 32B update, or
+    every cycle would cold-start its engines), passed down by the stage's engine pool (it was a fixed 900 s)."""
+    from mars2.config import BackendConfig
+    from tasks.engines import node_engines
+    from tasks.stage import StageContext
+
+    assert BackendConfig().service_idle_exit_s >= 3600
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-3")
+    with node_engines(True, ctx, idle_exit_s=2) as pool:
+        engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
+                             dtype="float32", batch_size=4)
+        pid = engine.pid
+    assert _alive(pid) and _gone_within(pid, 15)  # the stage disconnected; the service left once idle
+
+
 def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_own_at_the_end(tmp_path):
     """Node services exit when their run's STOP file appears: a retry of the same flow run (same run folder) must not
     find the last attempt's, or every service it starts would exit within a second."""

@@ -32,6 +32,9 @@ class Generation:
     finish_reason: str  # "stop" (EOS) | "length" (max_new_tokens reached)
 
 
+SERVICE_IDLE_EXIT_S = 4 * 3600.0  # a node's engine service exits after this long with no stage connected
+
+
 class CheckpointRefused(ValueError):
     """A checkpoint that does not fit an engine's model, found before any weight was copied: the engine is unchanged
     (here rather than in the engine server, which runs as ``__main__``: one class for every module that raises it)."""

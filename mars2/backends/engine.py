@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing import AuthenticationError
 from pathlib import Path
 
-from mars2.backends.base import Generation, SamplingParams, call_seeds, request_seed
+from mars2.backends.base import SERVICE_IDLE_EXIT_S, Generation, SamplingParams, call_seeds, request_seed
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
 
@@ -139,7 +139,7 @@ class EngineClient:
     ``<service_dir>/../STOP`` appears or after ``idle_exit_s`` with no client connected."""
 
     def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1,
-                 service_dir: str | Path | None = None, idle_exit_s: float = 900.0):
+                 service_dir: str | Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
         self.spec = spec
         self.service_dir = Path(service_dir) if service_dir else None
         self.idle_exit_s = idle_exit_s
