@@ -3,6 +3,7 @@
     python bench/rollout.py [--problems 128] [--max-nodes 8] [--max-new-tokens 64] [--batch-size 64]
                             [--engine process|inprocess] [--expansions-per-wave 1] [--device cpu] [--repeats 3]
                             [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N] [--skip-wave]
+                            [--backend transformers|vllm|both]
 
 Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
 e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously
@@ -14,6 +15,11 @@ each run's own ratio of its search and raw sides, which ran one after the other 
 whose speed drifts, in run order with their median), and engine starts; (c) the same search with the wave schedule
 (the engines without ``submit``: one generate call per agent per wave, agents in turn), for the ratio of the
 asynchronous search to it (``--skip-wave`` leaves it out: on a GPU it takes as long as (a) and (b) together).
+
+``--backend vllm`` serves the agents from the real vLLM (its CPU build on a CPU: ``python -m mars2.backends.vllm_env``
+makes its environment) through the same engine process; ``--backend both`` measures our transformers engine and
+vLLM one after the other in the same invocation, on the same models (two heads of 32 dimensions: vLLM's CPU attention
+refuses 16), and prints both ratios side by side.
 
 Sequential AB-MCTS (k = 1) keeps at most one request per tree in flight, so an engine's batch can only be as full
 as (trees asking it) allow: with two agents, ``--problems`` = 2 × ``--batch-size`` (the defaults) gives each engine
@@ -58,10 +64,15 @@ def shipped_model(name: str, tok, seed: int, device: str, dtype: str):
 
 
 def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "inprocess", threads: int = 0,
-                 model: str = "", dtype: str = "float32"):
-    """Two agents: tiny Qwen2- and Llama-style models, or two random-weight ``model``s (see :func:`shipped_model`);
-    ``engine="process"`` serves each from its own engine process (models saved to a temporary folder first)."""
+                 model: str = "", dtype: str = "float32", backend: str = "transformers", heads: int = 4):
+    """Two agents: tiny Qwen2- and Llama-style models (``heads`` attention heads over 64 dimensions), or two
+    random-weight ``model``s (see :func:`shipped_model`); ``engine="process"`` serves each from its own engine
+    process (models saved to a temporary folder first), of ``backend`` (transformers, or vLLM)."""
+    from dataclasses import asdict
+
     from mars2.backends.engine import EngineClient, EngineSpec
+    from mars2.backends.vllm_backend import VLLMEngineArgs
+    from mars2.backends.vllm_env import find_python
     from mars2.backends.transformers_backend import TransformersBackend
     from mars2.models.tiny import build_tiny_model, train_tokenizer
     from mars2.search.tree_search import AgentRunner
@@ -77,7 +88,8 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
         if model:
             lm = shipped_model(model, tok, seed, device, dtype)
         else:
-            lm = build_tiny_model(arch, vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            lm = build_tiny_model(arch, vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=heads,
+                                  num_kv_heads=max(1, heads // 2),
                                   intermediate_size=128, max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
                                   eos_token_id=tok.eos_token_id, seed=seed)
         if engine == "process":
@@ -85,11 +97,18 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
             lm.save_pretrained(path)
             tok.save_pretrained(path)
             del lm
-            backend = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,
-                                              batch_size=batch_size, threads=threads))
+            if backend == "vllm":
+                engine_args = VLLMEngineArgs(model=path, max_model_len=2048, enforce_eager=not device.startswith("cuda"),
+                                             dtype=dtype, gpu_memory_utilization=0.4)
+                served = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,
+                                                 kind="vllm", python=find_python() or "python",
+                                                 vllm=asdict(engine_args), stop_token_ids=(tok.eos_token_id,)))
+            else:
+                served = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,
+                                                 batch_size=batch_size, threads=threads))
         else:
-            backend = TransformersBackend(lm, tok, device=device, batch_size=batch_size)
-        agents[name] = AgentRunner(backend, tok)
+            served = TransformersBackend(lm, tok, device=device, batch_size=batch_size)
+        agents[name] = AgentRunner(served, tok)
     return agents
 
 
@@ -107,7 +126,19 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="engine dtype; default bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per engine; default half the cores")
     ap.add_argument("--skip-wave", action="store_true", help="leave out the wave-schedule search (c)")
+    ap.add_argument("--backend", choices=("transformers", "vllm", "both"), default="transformers",
+                    help="the engines: ours (transformers), vLLM, or both in turn on the same models")
     args = ap.parse_args()
+    backends = ["transformers", "vllm"] if args.backend == "both" else [args.backend]
+    if args.backend != "transformers" and args.engine != "process":
+        ap.error("--backend vllm runs vLLM in its own engine process: use --engine process")
+    ratios = {b: run(args, b, heads=2 if args.backend != "transformers" else 4) for b in backends}
+    if len(ratios) > 1:
+        print("search/raw, each run's own, median: " + ", ".join(f"{b} {r:.2f}" for b, r in ratios.items()))
+
+
+def run(args, backend: str, *, heads: int) -> float:
+    """One backend's measurement (printed); returns the median of each run's own search/raw."""
 
     import torch
 
@@ -124,7 +155,8 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     problems = [problem_from_lcb_row(r) for r in toy_benchmark(args.problems, 0)]
     agents = build_agents(args.device, problems, batch_size=args.batch_size, engine=args.engine, threads=threads,
-                          model=args.model, dtype=dtype)
+                          model=args.model, dtype=dtype, backend=backend, heads=heads)
+    print(f"--- backend {backend}", flush=True)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
 
     def grade(jobs):
@@ -171,11 +203,12 @@ def main() -> None:
         steps, engine process CPU seconds), and this process's CPU seconds (the search's host work: AB-MCTS, prompts,
         grading calls, IPC)."""
         out = []
+        keys = ("steps", "rows_stepped", "waiting_stepped", "prefills", "prefill_tokens", "columns_stepped",
+                "context_stepped", "prefill_s", "decode_s", "cpu_s")
         for runner in agents.values():
             b = runner.backend
             c = b.health() if hasattr(b, "health") else vars(b.batcher)
-            out.append((c["steps"], c["rows_stepped"], c["waiting_stepped"], c["prefills"], c["prefill_tokens"],
-                        c["columns_stepped"], c["context_stepped"], c["prefill_s"], c["decode_s"], c.get("cpu_s", 0.0)))
+            out.append(tuple(c.get(k, 0) for k in keys))  # vLLM's engine reports no batcher counters
         return [*(sum(x) for x in zip(*out, strict=True)), time.process_time()]
 
     search_runs, raw_runs, wave_runs, batching = [], [], [], {"search": [0] * 11, "raw": [0] * 11}
@@ -203,7 +236,8 @@ def main() -> None:
     search_tokens, search_s = sorted(search_runs, key=lambda x: x[0] / x[1])[len(search_runs) // 2]
     raw_tokens, raw_s = sorted(raw_runs, key=lambda x: x[0] / x[1])[len(raw_runs) // 2]
     search_tps, raw_tps = search_tokens / search_s, raw_tokens / raw_s
-    print(f"model={args.model or 'tiny qwen2 + tiny llama'} dtype={dtype} problems={args.problems} "
+    print(f"backend={backend} model={args.model or f'tiny qwen2 + tiny llama, {heads} heads'} dtype={dtype} "
+          f"problems={args.problems} "
           f"max_nodes={args.max_nodes} nodes={len(rows)} device={args.device} "
           f"engine={args.engine} batch_size={args.batch_size} threads/engine={threads} "
           f"expansions_per_wave={args.expansions_per_wave} repeats={args.repeats} (medians)")
@@ -221,6 +255,8 @@ def main() -> None:
           f"(median {sorted(pairs)[len(pairs) // 2]:.2f})")
     for side, (steps, rows_stepped, waiting_stepped, prefills, prefill_tokens, columns, context, prefill_s, decode_s,
                _, _) in batching.items():
+        if not steps:  # vLLM's engine counts none of these
+            continue
         print(f"{side:6s}: mean rows per decode step {rows_stepped / max(steps, 1):5.1f} of {args.batch_size} "
               f"(requests at the engine {(rows_stepped + waiting_stepped) / max(steps, 1):6.1f}), "
               f"{(steps + prefills) / args.repeats:6.0f} forward passes per run ({prefills / args.repeats:.0f} prefills); "
@@ -235,6 +271,7 @@ def main() -> None:
               f"this process {host_search / args.repeats:5.2f} and {host_raw / args.repeats:5.2f} core-s "
               f"({cores} cores, {threads} thread(s) per engine)")
     print(f"engine starts: {starts} (one engine per agent, kept for every search and raw run)")
+    return sorted(pairs)[len(pairs) // 2]
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import dataclasses
 import inspect
 import json
 import typing
-from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +30,7 @@ from typing import Any
 
 from prefect import flow
 
+from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from mars2.config import ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
 from tasks.stage import RESULTS_DIR, StageRecord

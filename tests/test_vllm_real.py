@@ -173,6 +173,16 @@ def test_weights_an_update_wrote_are_reloaded_in_place(engine, weights):
         engine.spec = current
 
 
+def test_many_seeded_requests_longer_than_one_step_together(engine):
+    """More prompt tokens in flight than one engine step takes: with chunked prefill vLLM's CPU build split a seeded
+    request's prefill and crashed (its CPU generator cannot rewind an offset); the adapter turns it off there."""
+    long_prompt = PROMPT + "print(1)\n" * 50  # ~250 of the engine's 512 tokens
+    n = 64
+    out = engine.generate([long_prompt] * n, SamplingParams(temperature=1.0, max_new_tokens=8), list(range(n)))
+    assert len(out) == n and all(g[0].response_ids for g in out)
+    assert sum(len(g[0].prompt_ids) for g in out) > 8192  # more than one step's token budget
+
+
 def test_closing_leaves_no_process(engine):
     root = engine.health()["pid"]
     family = _descendants(root) | {root}

@@ -43,9 +43,12 @@ class VLLMEngine:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
         self.cpu = bool(current_platform.is_cpu())
+        # vLLM's CPU build: reloaded weights need re-packing (CpuRepack), and a seeded request whose prefill is split
+        # over steps crashes the engine (its CPU generator has no offset to rewind), so prompts are never split there
+        cpu = {"worker_extension_cls": f"{__name__}.CpuRepack", "enable_chunked_prefill": False,
+               "max_num_batched_tokens": max(8192, int(engine_args.get("max_model_len") or 0))} if self.cpu else {}
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            **{**engine_args, "enable_sleep_mode": self.sleep_mode}, logprobs_mode="processed_logprobs",
-            **({"worker_extension_cls": f"{__name__}.CpuRepack"} if self.cpu else {})))
+            **{**engine_args, "enable_sleep_mode": self.sleep_mode}, logprobs_mode="processed_logprobs", **cpu))
         self._cv = threading.Condition()
         self._in_flight = 0
         self._holds = 0
