@@ -264,7 +264,7 @@ def run(args, backend: str, *, heads: int) -> float:
               f"({prefill_tokens / args.repeats / max(prefills / args.repeats, 1):.0f} tokens each, padding included), "
               f"decode steps {decode_s / args.repeats:5.2f} core-s ({decode_s / max(steps, 1) * 1e3:.2f} ms each, "
               f"{1 - context / max(columns, 1):.0%} of the cache columns they read padding)")
-    if args.engine == "process":  # where the cores went: the engines' work per token, and the search's own
+    if args.engine == "process" and batching["raw"][-2] > 0:  # where the cores went: the engines' work, the search's
         (*_, engines_search, host_search), (*_, engines_raw, host_raw) = batching["search"], batching["raw"]
         print(f"CPU per run: engines {engines_search / args.repeats:5.2f} core-s in the search, "
               f"{engines_raw / args.repeats:5.2f} in the raw run (the same tokens; {engines_search / engines_raw:.2f}x); "

@@ -329,6 +329,7 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
 SLOW_VLLM_LOAD = {  # a stand-in vLLM whose load starts its engine core, then takes "minutes" (a 32B model's)
     "vllm/__init__.py": "class AsyncEngineArgs:\n    def __init__(self, **kw):\n        self.kw = kw\n",
     "vllm/platforms/__init__.py": "class _P:\n    def is_sleep_mode_available(self):\n        return True\n\n"
+                                  "    def is_cpu(self):\n        return False\n\n"
                                   "current_platform = _P()\n",
     "vllm/v1/__init__.py": "",
     "vllm/v1/engine/__init__.py": "",

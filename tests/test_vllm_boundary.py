@@ -144,6 +144,9 @@ class _Platform:
     def is_sleep_mode_available(self):  # as vLLM: CUDA, ROCm and XPU have it, CPU does not
         return os.environ.get("FAKE_VLLM_DEVICE", "cuda") != "cpu"
 
+    def is_cpu(self):
+        return os.environ.get("FAKE_VLLM_DEVICE", "cuda") == "cpu"
+
 current_platform = _Platform()
 ''',
     "vllm/v1/__init__.py": "",

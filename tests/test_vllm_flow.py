@@ -90,3 +90,15 @@ def test_kill_9_of_the_flow_leaves_no_engine(tmp_path):
         run.send_signal(signal.SIGKILL)
         run.communicate()
     assert _none_left(home, timeout_s=90) == []
+
+
+def test_the_rollout_bench_measures_vllm_beside_our_engine():
+    import re
+
+    out = subprocess.run([sys.executable, "bench/rollout.py", "--backend", "both", "--problems", "4", "--max-nodes", "2",
+                          "--max-new-tokens", "8", "--repeats", "1", "--skip-wave"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "--- backend transformers" in out.stdout and "--- backend vllm" in out.stdout
+    assert re.search(r"^search/raw, each run's own, median: transformers \d+\.\d\d, vllm \d+\.\d\d$", out.stdout, re.M)
+    assert out.stdout.count("engine starts: 2") == 2  # one engine per agent, per backend

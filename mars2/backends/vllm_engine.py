@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
+
+
+CPU_MAX_NUM_SEQS = 256  # requests a CPU engine runs at once (vLLM's default)
 
 
 class VLLMEngine:
@@ -44,9 +48,12 @@ class VLLMEngine:
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
         self.cpu = bool(current_platform.is_cpu())
         # vLLM's CPU build: reloaded weights need re-packing (CpuRepack), and a seeded request whose prefill is split
-        # over steps crashes the engine (its CPU generator has no offset to rewind), so prompts are never split there
-        cpu = {"worker_extension_cls": f"{__name__}.CpuRepack", "enable_chunked_prefill": False,
-               "max_num_batched_tokens": max(8192, int(engine_args.get("max_model_len") or 0))} if self.cpu else {}
+        # over steps crashes the engine (its CPU generator has no offset to rewind): a step's token budget there holds
+        # every running request's whole context, so no prompt is ever split (chunked prefill stays on: prefills and
+        # decodes still share steps)
+        seqs = CPU_MAX_NUM_SEQS
+        cpu = {"worker_extension_cls": f"{__name__}.CpuRepack", "max_num_seqs": seqs, "distributed_executor_backend": "uni",
+               "max_num_batched_tokens": seqs * int(engine_args.get("max_model_len") or 8192)} if self.cpu else {}
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
             **{**engine_args, "enable_sleep_mode": self.sleep_mode}, logprobs_mode="processed_logprobs", **cpu))
         self._cv = threading.Condition()
@@ -131,7 +138,8 @@ class VLLMEngine:
                 self._reload(self.model_dir)
 
     def counters(self) -> dict:
-        return {"requests": self.requests, "prefix_cache_resets": self.prefix_cache_resets}
+        return {"requests": self.requests, "prefix_cache_resets": self.prefix_cache_resets,
+                "cpu_s": family_cpu_seconds(os.getpid())}
 
     def shutdown(self) -> None:
         self.llm.shutdown()
@@ -154,6 +162,28 @@ class CpuRepack:
                 dispatch_cpu_unquantized_gemm(module, remove_weight=False)
                 repacked += 1
         return repacked
+
+
+def family_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants (vLLM's engine core and workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+            except (OSError, ValueError, IndexError):
+                continue
+    family, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in family:
+                family.add(child)
+                frontier.append(child)
+    return sum(stats[p][1] for p in family if p in stats)
 
 
 def check_safetensors(model_dir: str) -> None:
