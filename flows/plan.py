@@ -7,7 +7,8 @@
 Builds every agent's model on the ``meta`` device from its config.json (the model folder's, else the copy
 shipped in mars2/plan/model_configs/), and prints per agent: parameters, ZeRO memory per GPU (DeepSpeed's
 estimators), vLLM KV-cache budget at the configured lengths, GPUs needed, and the rollout/update placement.
-Exits 1 with one paragraph when the agents cannot fit the cluster.
+Exits 1 with one paragraph when the agents cannot fit the cluster, or when a run would refuse the plan's placement
+(agents of one tree search on several nodes: :func:`mars2.plan.placement.require_one_node`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def main(_: DictConfig) -> None:
     _import_deepspeed_without_mlflow()
     from rich.console import Console
 
-    from mars2.plan import ModelConfigNotFound, plan
+    from mars2.plan import ModelConfigNotFound, PlanRefused, plan
+    from mars2.plan.placement import require_one_node
     from mars2.plan.render import render
 
     try:
@@ -60,6 +62,10 @@ def main(_: DictConfig) -> None:
     render(result, Console(width=None if sys.stdout.isatty() else 140))
     if not result.fits:
         sys.exit(f"mars2: plan refused: {result.refusal()}")
+    try:
+        require_one_node(result)
+    except PlanRefused as e:
+        sys.exit(f"mars2: the plan fits the cluster, but a run would be refused: {e}")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,9 @@ class AgentConfig:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     gpus: int = 0  # GPUs this agent's update needs (resource planning; 0 on CPU); > 1: one torchrun rank per GPU
     update_procs: int | None = None  # data-parallel processes of this agent's update; null = max(1, gpus)
+    # the GPUs (indices as the worker sees them) this agent's engines and update use: set at the flow's entry from
+    # the plan's placement (mars2.plan.placement); a value given here must equal the plan's
+    gpu_ids: list[int] = field(default_factory=list, metadata={"cache_key": False})
 
     @property
     def processes(self) -> int:
@@ -529,6 +532,9 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
                   "Leave it null to use one process per GPU (agents.members.N.gpus), or set 1 for no launcher.")
         if not m.device.startswith("cuda") and m.device != "cpu":
             _fail(f"{where}: device {m.device!r} is unknown", "Allowed: cpu, cuda, cuda:N.")
+        if m.gpu_ids and (not m.device.startswith("cuda") or min(m.gpu_ids) < 0 or len(set(m.gpu_ids)) != len(m.gpu_ids)):
+            _fail(f"{where}: gpu_ids={list(m.gpu_ids)} on device {m.device!r}",
+                  "gpu_ids lists distinct GPU indices of a CUDA agent; leave it unset: the plan's placement sets it.")
     if not planning and cfg.orchestration.mode != "pools":  # pools: each stage checks the worker it runs on
         check_machine(members, preset=preset, cuda_available=cuda_available)
 

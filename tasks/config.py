@@ -68,29 +68,37 @@ def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str
     """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run
     (``config_name``: ``config`` for training, ``evaluate`` for flows/evaluate.py).
 
-    With ``check_fit`` (training), a run with agents on GPUs must also fit the cluster ``plan`` describes
+    A run with agents on GPUs is placed by the plan (:func:`place_run`): each member's ``gpu_ids`` are the GPUs its
+    engines and update get. With ``check_fit`` (training) it must also fit the cluster ``plan`` describes
     (:func:`mars2.plan.require_fit`, the layout the trainer and engines really build): a preset the planner refuses
     stops here, before anything starts. An evaluation does no update, so it passes ``check_fit=False``."""
     run = resolve(load_cfg(overrides, config_name=config_name), **resolve_kwargs)
-    if check_fit and not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
-        check_plan(run)
+    if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
+        run = place_run(run, check_fit=check_fit)
     return run
 
 
-def check_plan(run: RunConfig) -> None:
-    """:func:`mars2.plan.require_fit` at a run's entry. A model whose config.json only the GPU workers have (a custom
-    model in ``orchestration=pools``) cannot be planned here: that run goes on, with a warning."""
+def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
+    """``run`` placed by its plan (:func:`mars2.plan.placement.place`), after :func:`mars2.plan.require_fit` with
+    ``check_fit``. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)
+    cannot be planned here: that run goes on unplaced (its engines and update take the worker's first GPUs), with a
+    warning."""
     import warnings
 
     from mars2.plan import ModelConfigNotFound, plan, require_fit
+    from mars2.plan.placement import place
 
     try:
-        require_fit(plan(run))
+        cp = plan(run)
     except ModelConfigNotFound as e:
         if run.orchestration.mode != "pools":
             raise ConfigError(f"cannot plan the run: {e}") from None
         warnings.warn(f"mars2: no resource plan at the flow's entry ({e}); the GPU workers check their own machines",
                       stacklevel=2)
+        return run
+    if check_fit:
+        require_fit(cp)
+    return place(run, cp)
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:

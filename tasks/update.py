@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,11 @@ from typing import Any
 import pandas as pd
 from prefect import task
 
+from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
 from tasks.progress import stage_progress
 from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.weights import in_process_device
 
 STAGE = "update"
 MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks.weights")
@@ -60,12 +63,14 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         reference = agents.weights_of(owner)
         pad_id = AutoTokenizer.from_pretrained(reference.tokenizer_dir, local_files_only=True).pad_token_id
         args = dict(model_dir=current.model_dir, ref_model_dir=reference.model_dir, prev_ds_dir=current.optimizer_dir,
-                    samples=samples, profile=profile, hp=hp, pad_id=pad_id, device=member.device)
+                    samples=samples, profile=profile, hp=hp, pad_id=pad_id,
+                    device=member.device if member.processes > 1 else in_process_device(member))
         with optimizer_state_in_use(current.optimizer_dir):  # a sweep sharing the cache must not prune it now
             require_optimizer_state(current.optimizer_dir)
             if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
                 check_processes(member)
-                metrics = launch_update(member.processes, out / "job", out_dir=str(out), **args)
+                metrics = launch_update(member.processes, out / "job", out_dir=str(out),
+                                        cuda_visible_devices=update_devices(member), **args)
                 shutil.rmtree(out / "job")
             else:
                 with stage_progress(f"update/{owner} c{cycle}", "samples") as advance:
@@ -78,11 +83,17 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
 
 
+def update_devices(member: AgentConfig) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` of a multi-process update: the GPUs the plan placed the agent on (``gpu_ids``), as
+    this worker sees them; None where it was not placed (its ranks take this worker's first GPUs)."""
+    return visible_devices(list(member.gpu_ids), os.environ.get("CUDA_VISIBLE_DEVICES")) if member.gpu_ids else None
+
+
 def check_processes(member: AgentConfig) -> None:
-    """A multi-process update on CUDA needs one visible GPU per rank."""
+    """A multi-process update on CUDA needs one visible GPU per rank (one placed GPU per rank, where placed)."""
     import torch
 
-    visible = torch.cuda.device_count()
+    visible = len(member.gpu_ids) if member.gpu_ids else torch.cuda.device_count()
     if member.device.startswith("cuda") and visible < member.processes:
         raise ConfigError(f"agent {member.name!r}: its update needs {member.processes} GPUs (gpus/update_procs) but "
                           f"this worker sees {visible}; run the update stage on a worker with enough GPUs "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
 from tasks.engines import EnginePool, current_pool
@@ -22,6 +23,22 @@ def model_dir(record: StageRecord, owner: str) -> str:
 
 def tokenizer_dir(record: StageRecord, owner: str) -> str:
     return record.weights_of(owner).tokenizer_dir
+
+
+def engine_placement(member: AgentConfig) -> tuple[str, str | None]:
+    """(device, ``CUDA_VISIBLE_DEVICES``) of ``member``'s engine process. Placed by the plan (``gpu_ids``): a vLLM
+    engine sees all the agent's GPUs, a transformers engine the first, as ``cuda`` (index 0 up) inside; unplaced: the
+    member's device, this process's GPUs."""
+    if not member.gpu_ids:
+        return member.device, None
+    ids = list(member.gpu_ids) if member.backend == "vllm" else list(member.gpu_ids[:1])
+    return "cuda", visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def in_process_device(member: AgentConfig) -> str:
+    """The device of ``member``'s model loaded in this process (a rollout without engines, a one-process update): its
+    first placed GPU, else its device."""
+    return f"cuda:{member.gpu_ids[0]}" if member.gpu_ids else member.device
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
@@ -43,6 +60,7 @@ def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: S
 def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
                   batch_size: int, engine: BackendConfig | None, progress: bool, pool: EnginePool | None,
                   threads: int):
+    device, visible = engine_placement(member)
     if member.backend == "vllm":
         from transformers import AutoTokenizer
 
@@ -59,21 +77,23 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
         if pool is not None and pool.persistent:  # one AsyncLLM for the run, new weights reloaded in place
             from dataclasses import asdict
 
-            return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
+            return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=device,
                                dtype=member.dtype, batch_size=batch_size, kind="vllm",
-                               python=python, vllm=asdict(args),
-                               stop_token_ids=tuple(stops)), tok
-        return VLLMBackend(args, python=python, stop_token_ids=stops), tok
+                               python=python, vllm=asdict(args), stop_token_ids=tuple(stops),
+                               cuda_visible_devices=visible), tok
+        return VLLMBackend(args, python=python, stop_token_ids=stops, visible=visible), tok
     if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
         from transformers import AutoTokenizer
 
         folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
-        return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=member.device,
-                           dtype=member.dtype, batch_size=batch_size, threads=threads), tok
+        return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=device,
+                           dtype=member.dtype, batch_size=batch_size, threads=threads,
+                           cuda_visible_devices=visible), tok
     from mars2.backends.transformers_backend import load_transformers_backend
 
-    return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner), device=member.device,
+    return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner),
+                                     device=in_process_device(member),
                                      dtype=member.dtype, batch_size=batch_size, progress=progress)
 
 
@@ -99,4 +119,4 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
     return runners
 
 
-__all__ = ["AgentWeights", "agent_runners", "load_backend", "model_dir", "owner_of", "tokenizer_dir"]
+__all__ = ["AgentWeights", "agent_runners", "engine_placement", "in_process_device", "load_backend", "model_dir", "owner_of", "tokenizer_dir"]

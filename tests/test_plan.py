@@ -212,12 +212,22 @@ def _cli(*args, tmp_path):
 
 
 def test_cli_prints_the_32b_plan_without_prefect_or_mlflow(tmp_path):
+    """The paper's layout (one node per agent) fits the cluster, but a run would refuse it: one tree search's engines
+    must share a node. The suggested one-node layout is planned and accepted."""
     out = _cli("agents=heterogeneous_32b", tmp_path=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]
     for needle in ("Qwen3-32B", "AReaL-boba-2-32B", "32.76 B (32,762,123,264)", "public 32.8 B", "ZeRO-3+opt→cpu",
                    "node0:GPU0-7", "node1:GPU0-7", "plan: fits"):
         assert needle in out.stdout, needle
     assert "LOADED ['deepspeed', 'torch']" in out.stderr  # DeepSpeed's estimators ran; Prefect and MLflow never loaded
+    refusal = next(ln for ln in out.stderr.splitlines() if ln.startswith("mars2: the plan fits the cluster, but a run "
+                                                                           "would be refused"))
+    assert "qwen3_32b on node0, areal_32b on node1" in refusal
+    fix = refusal.split("e.g. ")[1].split(" (python flows/plan.py")[0].split()
+    assert fix == ["plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4"]
+    out = _cli("agents=heterogeneous_32b", *fix, tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "node0:GPU0-3" in out.stdout and "node0:GPU4-7" in out.stdout and "plan: fits" in out.stdout
 
 
 def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):

@@ -66,7 +66,8 @@ def test_pools_mode_lets_a_cpu_machine_start_a_gpu_preset(paper_data):
     data = paper_data
     with pytest.raises(ConfigError, match="does not exist on this machine"):
         compose_run(["agents=heterogeneous_8b", *data])  # local: this machine runs every stage
-    cfg = compose_run(["agents=heterogeneous_8b", "orchestration=pools", *data])  # stages check their own workers
+    one_node = ["plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4"]
+    cfg = compose_run(["agents=heterogeneous_8b", "orchestration=pools", *one_node, *data])  # stages check their workers
     assert cfg.orchestration.mode == "pools" and cfg.data.split == "source"
 
 

@@ -117,3 +117,13 @@ def cache_columns(width: int, extra: int = 1) -> int:
     (``SlackLayer.reserve``): a quarter of the width spare, at least 16, so the buffers move once every many steps.
     The rollout planner sizes that engine's KV cache with it."""
     return width + max(extra, 16, width // 4)
+
+
+def visible_devices(gpu_ids: list[int], parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of a child process that uses GPUs ``gpu_ids`` of those its parent sees (the parent's
+    own ``CUDA_VISIBLE_DEVICES``, else 0, 1, ...): GPUs [0, 1] of a parent that sees "2,3,4" are "2,3"."""
+    seen = [d.strip() for d in parent_visible.split(",") if d.strip()] if parent_visible else None
+    if seen is not None and max(gpu_ids, default=-1) >= len(seen):
+        raise ValueError(f"GPUs {list(gpu_ids)} are placed here, but CUDA_VISIBLE_DEVICES={parent_visible!r} shows "
+                         f"{len(seen)}")
+    return ",".join(seen[i] if seen is not None else str(i) for i in gpu_ids)

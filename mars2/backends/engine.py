@@ -81,6 +81,7 @@ class EngineSpec:
     python: str = ""  # the interpreter of the engine's environment ("" = this one; vLLM: $MARS2_VLLM_PYTHON)
     vllm: dict | None = None  # vLLM engine arguments (kind "vllm"; "model" follows model_dir)
     stop_token_ids: tuple[int, ...] = ()  # every end token of the model (kind "vllm")
+    cuda_visible_devices: str | None = None  # the GPUs the engine process sees (the plan's placement); None: inherited
 
 
 def die_with_parent() -> None:
@@ -245,7 +246,8 @@ class EngineClient:
         from multiprocessing.connection import Client
 
         address = str(self._folder / f"engine-{self.starts}.sock")
-        env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex()})
+        placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
+        env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed})
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

@@ -96,8 +96,9 @@ class VLLMBackend:
     """A :class:`~mars2.backends.base.GenerationBackend` that runs vLLM in another Python environment."""
 
     def __init__(self, engine: VLLMEngineArgs, *, python: str = "python", timeout_s: float = 6 * 3600,
-                 stop_token_ids: list[int] | None = None):
+                 stop_token_ids: list[int] | None = None, visible: str | None = None):
         self.engine = engine
+        self.visible = visible  # the GPUs its replicas share out (the plan's placement); None: this process's
         self.python = python
         self.timeout_s = timeout_s
         self.stop_token_ids = stop_token_ids
@@ -108,7 +109,8 @@ class VLLMBackend:
         """Prompt i goes to replica i mod R (R = ``data_parallel_size``, at most one per prompt); the R workers run at
         once, each on its own ``tensor_parallel_size`` GPUs; the answers come back in prompt order."""
         replicas = max(1, min(self.engine.data_parallel_size, len(prompts)))
-        devices = replica_devices(replicas, self.engine.tensor_parallel_size, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        devices = replica_devices(replicas, self.engine.tensor_parallel_size,
+                                  self.visible or os.environ.get("CUDA_VISIBLE_DEVICES"))
         shards = [list(range(r, len(prompts), replicas)) for r in range(replicas)]
         seeds = list(seeds) if seeds is not None else prompt_seeds(params, len(prompts))
         out: list[list[Generation] | None] = [None] * len(prompts)

@@ -1,0 +1,129 @@
+"""The plan's placement is the runtime's: every GPU preset, composed at the flow's entry, starts each weight owner's
+engines and update on exactly the GPUs the planner assigned it, and no two owners share a GPU."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import replace
+
+import pytest
+
+from mars2.backends.base import visible_devices
+from mars2.backends.engine import EngineError
+from mars2.plan import PlanRefused, plan
+from mars2.plan.placement import owner_gpus, place
+from mars2.train.launch import launch_environment
+from tasks.config import compose_run
+from tasks.engines import EnginePool
+from tasks.update import update_devices
+from tasks.weights import engine_placement, in_process_device
+
+GPU_PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
+ONE_NODE = ("plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4")
+
+
+@pytest.fixture(autouse=True)
+def _no_models(monkeypatch):
+    monkeypatch.delenv("MARS2_MODELS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def _span_gpus(spans) -> list[int]:
+    return [g for s in spans for g in range(s.first, s.last + 1)]
+
+
+def _compose(preset: str, paper_data, *extra: str):
+    overrides = [f"agents={preset}", "orchestration=pools", *paper_data, *extra]
+    if preset.startswith("heterogeneous"):
+        overrides += ONE_NODE
+    return compose_run(overrides)
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+@pytest.mark.parametrize("backend", ["vllm", "transformers"])
+def test_each_owner_starts_on_the_gpus_its_plan_gives_it(preset, backend, paper_data):
+    short = ["search.max_new_tokens=2048", "eval.max_new_tokens=2048"] if backend == "transformers" else []
+    run = _compose(preset, paper_data, f"backend={backend}", *short,  # transformers: its padded KV cache fits 2K
+                   *(f"agents.members.{i}.backend={backend}" for i in range(2 if preset != "single_8b" else 1)))
+    cp = plan(run)
+    assert cp.fits
+    planned = {a.name: a for a in cp.agents}
+    taken: set[int] = set()
+    for m in run.agents.members:
+        a = planned[m.shares_weights_with or m.name]
+        assert m.gpu_ids == _span_gpus(a.update_spans) and m.gpu_ids  # the entry wrote the plan into the config
+        device, visible = engine_placement(m)
+        assert device == "cuda" and visible == ",".join(map(str, _span_gpus(a.rollout.spans)))
+        assert update_devices(m) == ",".join(map(str, _span_gpus(a.update_spans)))
+        assert in_process_device(m) == f"cuda:{a.update_spans[0].first}"
+        if m.shares_weights_with is None:
+            assert not taken & set(m.gpu_ids)  # no two owners on one GPU
+            taken |= set(m.gpu_ids)
+    if preset.startswith("heterogeneous"):
+        assert len(taken) == 8 and {s.node for a in cp.agents for s in a.update_spans} == {0}
+
+
+@pytest.mark.parametrize("preset", [p for p in GPU_PRESETS if p.startswith("heterogeneous")])
+def test_the_papers_one_node_per_agent_layout_is_refused_at_the_entry(preset, paper_data):
+    """Two owners on two nodes would have to generate into one tree from one process over node-local sockets: the
+    entry says so, and names the one-node layout, instead of a run that fails when the second engine starts."""
+    with pytest.raises(PlanRefused, match="must share a node") as e:
+        compose_run([f"agents={preset}", "orchestration=pools", *paper_data])
+    assert "on node0" in str(e.value) and "on node1" in str(e.value) and " ".join(ONE_NODE) in str(e.value)
+
+
+def test_engines_and_updates_map_the_plans_gpus_through_the_workers_own_visible_devices(paper_data, monkeypatch):
+    run = _compose("heterogeneous_8b", paper_data)
+    second = run.agents.members[1]
+    assert second.gpu_ids == [4, 5, 6, 7]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8,9,10,11,12,13,14,15")
+    assert engine_placement(second) == ("cuda", "12,13,14,15")
+    assert update_devices(second) == "12,13,14,15"
+    assert launch_environment(4, dict(os.environ), update_devices(second))["CUDA_VISIBLE_DEVICES"] == "12,13,14,15"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(ValueError, match="shows 4"):
+        engine_placement(second)
+    assert launch_environment(2, {"RANK": "3", "PATH": "/bin"}, None) == {"PATH": "/bin", "OMP_NUM_THREADS":
+                                                                        str(max(1, (os.cpu_count() or 1) // 2))}
+
+
+def test_a_transformers_engine_takes_its_owners_first_gpu(paper_data):
+    run = _compose("heterogeneous_8b", paper_data, "agents.members.1.backend=transformers",
+                   "search.max_new_tokens=2048", "eval.max_new_tokens=2048")
+    assert engine_placement(run.agents.members[1]) == ("cuda", "4")
+    assert visible_devices([1, 2], "5,6,7") == "6,7" and visible_devices([0, 3], None) == "0,3"
+
+
+def test_the_engine_process_is_started_with_the_placed_devices(tmp_path):
+    """The environment the engine process really gets: an interpreter that writes its CUDA_VISIBLE_DEVICES and exits."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES\" > {seen}\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    pool = EnginePool(persistent=True, start_timeout_s=30)
+    with pytest.raises(EngineError, match="exited with code 3"):
+        pool.engine("areal_8b", str(tmp_path), str(tmp_path), "v1", device="cuda", dtype="bfloat16", batch_size=4,
+                    kind="vllm", python=str(fake), vllm={"model": str(tmp_path)}, cuda_visible_devices="4,5,6,7")
+    assert seen.read_text().strip() == "4,5,6,7"
+
+
+def test_a_given_gpu_list_or_device_index_must_be_the_plans(paper_data):
+    run = _compose("heterogeneous_8b", paper_data)
+    cp = plan(run)
+    first, second = run.agents.members
+    assert owner_gpus(cp) == {first.name: [0, 1, 2, 3], second.name: [4, 5, 6, 7]}
+    moved = replace(run, agents=replace(run.agents, members=[first, replace(second, gpu_ids=[0, 1, 2, 3])]))
+    with pytest.raises(PlanRefused, match="gpu_ids=\\[0, 1, 2, 3\\]"):
+        place(moved, cp)
+    pinned = replace(run, agents=replace(run.agents, members=[first, replace(second, gpu_ids=[], device="cuda:0")]))
+    with pytest.raises(PlanRefused, match="write device: cuda"):
+        place(pinned, cp)
+    assert place(run, cp) == run  # placing twice changes nothing
+
+
+def test_cpu_agents_are_not_placed():
+    run = compose_run([])
+    assert all(m.gpu_ids == [] for m in run.agents.members)
+    assert engine_placement(run.agents.members[0]) == ("cpu", None)
+    assert in_process_device(run.agents.members[0]) == "cpu" and update_devices(run.agents.members[0]) is None
