@@ -3,7 +3,7 @@
     python bench/rollout.py [--problems 128] [--max-nodes 8] [--max-new-tokens 64] [--batch-size 64]
                             [--engine process|inprocess] [--expansions-per-wave 1] [--device cpu] [--repeats 3]
                             [--model Qwen3-1.7B] [--dtype bfloat16] [--threads N] [--skip-wave]
-                            [--backend transformers|vllm|both]
+                            [--backend transformers|vllm|both] [--concurrency]
 
 Two tiny agents (Qwen2- and Llama-style; with ``--model``, two random-weight models of that shipped architecture,
 e.g. ``Qwen3-1.7B`` from ``mars2/plan/model_configs`` with its real vocabulary), each behind its own continuously
@@ -29,6 +29,10 @@ the scheduler does (on 2 CPU cores: about 50 rows per step against the raw run's
 61). Each side also prints the share of the cache columns its decode steps read that are padding (the rows of a
 batch share one window as wide as the longest row).
 
+``--concurrency`` runs the search once more counting each engine's requests in flight, then the raw side with at most
+their time-weighted mean in flight per engine: how much of the gap to raw is the search's concurrency (trees in
+flight per engine, against raw's every request at once) rather than its own overheads.
+
 With engine processes it also prints the CPU seconds the engines and this process used per search and per raw
 run: on a machine whose cores the engines fill, the search's own work (AB-MCTS, prompts, grading calls, IPC) and any
 extra engine work per token come straight off the ratio. Each engine's decode thread also reports its CPU seconds in
@@ -42,7 +46,9 @@ import argparse
 import os
 import re
 import tempfile
+import threading
 import time
+from dataclasses import replace
 
 from common import shipped_config
 
@@ -128,6 +134,9 @@ def main() -> None:
     ap.add_argument("--skip-wave", action="store_true", help="leave out the wave-schedule search (c)")
     ap.add_argument("--backend", choices=("transformers", "vllm", "both"), default="transformers",
                     help="the engines: ours (transformers), vLLM, or both in turn on the same models")
+    ap.add_argument("--concurrency", action="store_true",
+                    help="also run the raw side with at most as many requests in flight per engine as the search "
+                         "kept on average (where the search's gap to raw goes)")
     args = ap.parse_args()
     backends = ["transformers", "vllm"] if args.backend == "both" else [args.backend]
     if args.backend != "transformers" and args.engine != "process":
@@ -197,6 +206,60 @@ def run(args, backend: str, *, heads: int) -> float:
         tokens = sum(len(f.result().response_ids) for f in futures)
         return tokens, time.perf_counter() - t0
 
+    class InFlight:
+        """An engine's requests in flight over time: ``mean()`` is their time-weighted mean since the last reset."""
+
+        def __init__(self, backend):
+            self.backend, self.lock = backend, threading.Lock()
+            self.reset()
+
+        def reset(self):
+            self.n, self.area, self.t0 = 0, 0.0, time.perf_counter()
+            self.t = self.t0
+
+        def _count(self, d):
+            with self.lock:
+                now = time.perf_counter()
+                self.area += self.n * (now - self.t)
+                self.n, self.t = self.n + d, now
+
+        def mean(self):
+            self._count(0)
+            return self.area / max(self.t - self.t0, 1e-9)
+
+        def submit(self, prompt, params, seed):
+            self._count(+1)
+            future = self.backend.submit(prompt, params, seed)
+            future.add_done_callback(lambda _: self._count(-1))
+            return future
+
+        def generate(self, prompts, params, seeds=None):
+            return self.backend.generate(prompts, params, seeds)
+
+    counted = {n: replace(a, backend=InFlight(a.backend)) for n, a in agents.items()}
+
+    def search_counted():
+        """The search with every engine's requests in flight counted; returns the mean per engine."""
+        for a in counted.values():
+            a.backend.reset()
+        run_tree_search(problems, counted, policy=ABMCTSA(), max_nodes=args.max_nodes, sampling=sampling,
+                        grade=grade, seed=0, expansions_per_wave=args.expansions_per_wave)
+        return sum(a.backend.mean() for a in counted.values()) / len(counted)
+
+    def raw_capped(rows, cap):
+        """The raw side with at most ``cap`` requests in flight per engine (a new one as soon as one finishes)."""
+        slots = {n: threading.BoundedSemaphore(cap) for n in agents}
+        t0 = time.perf_counter()
+        futures = []
+        for r in sorted(rows, key=lambda r: len(r["prompt"])):
+            slots[r["agent"]].acquire()
+            f = agents[r["agent"]].backend.submit(r["prompt"], sampling,
+                                                 request_seed(sampling.seed, r["problem_id"], r["node_id"]))
+            f.add_done_callback(lambda _, s=slots[r["agent"]]: s.release())
+            futures.append(f)
+        tokens = sum(len(f.result().response_ids) for f in futures)
+        return tokens, time.perf_counter() - t0
+
     def counters():
         """Σ over engines of (decode steps, rows stepped, requests waiting at a step, prefills, prefilled tokens,
         cache columns and context tokens read by decode steps, decode thread CPU seconds in prefills and in decode
@@ -229,6 +292,16 @@ def run(args, backend: str, *, heads: int) -> float:
             wave = f", wave search {wave_runs[-1][0] / wave_runs[-1][1]:.1f} tok/s" if wave_runs else ""
             print(f"run {len(search_runs)}: search {st / ss:.1f} tok/s, raw {rt / rs:.1f} tok/s{wave} "
                   f"(search/raw {st / ss / (rt / rs):.2f})", flush=True)
+        if args.concurrency:
+            mean_in_flight = search_counted()
+            cap = max(1, round(mean_in_flight))
+            capped_tokens, capped_s = raw_capped(rows, cap)
+            full_tokens, full_s = raw_runs[-1]
+            print(f"concurrency: the search kept {mean_in_flight:.1f} requests in flight per engine on average; "
+                  f"raw with at most {cap} in flight per engine {capped_tokens / capped_s:.1f} tok/s = "
+                  f"{capped_tokens / capped_s / (full_tokens / full_s):.2f} of raw with every request at once "
+                  f"(search/that: {search_runs[-1][0] / search_runs[-1][1] / (capped_tokens / capped_s):.2f})",
+                  flush=True)
     finally:
         starts = sum(getattr(r.backend, "starts", 1) for r in agents.values())
         for runner in agents.values():

@@ -52,7 +52,7 @@ class VLLMEngine:
         # every running request's whole context, so no prompt is ever split (chunked prefill stays on: prefills and
         # decodes still share steps)
         seqs = CPU_MAX_NUM_SEQS
-        cpu = {"worker_extension_cls": f"{__name__}.CpuRepack", "max_num_seqs": seqs, "distributed_executor_backend": "uni",
+        cpu = {"worker_extension_cls": f"{__name__}.CpuRepack", "max_num_seqs": seqs,
                "max_num_batched_tokens": seqs * int(engine_args.get("max_model_len") or 8192)} if self.cpu else {}
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
             **{**engine_args, "enable_sleep_mode": self.sleep_mode}, logprobs_mode="processed_logprobs", **cpu))
