@@ -107,7 +107,7 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
                 engine_args = VLLMEngineArgs(model=path, max_model_len=2048, enforce_eager=not device.startswith("cuda"),
                                              dtype=dtype, gpu_memory_utilization=0.4)
                 served = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,
-                                                 kind="vllm", python=find_python() or "python",
+                                                 threads=threads, kind="vllm", python=find_python() or "python",
                                                  vllm=asdict(engine_args), stop_token_ids=(tok.eos_token_id,)))
             else:
                 served = EngineClient(EngineSpec(name, path, path, version="bench", device=device, dtype=dtype,

@@ -78,7 +78,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
             from dataclasses import asdict
 
             return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=device,
-                               dtype=member.dtype, batch_size=batch_size, kind="vllm",
+                               dtype=member.dtype, batch_size=batch_size, threads=threads, kind="vllm",
                                python=python, vllm=asdict(args), stop_token_ids=tuple(stops),
                                cuda_visible_devices=visible), tok
         return VLLMBackend(args, python=python, stop_token_ids=stops, visible=visible), tok

@@ -95,17 +95,31 @@ def test_a_transformers_engine_takes_its_owners_first_gpu(paper_data):
     assert visible_devices([1, 2], "5,6,7") == "6,7" and visible_devices([0, 3], None) == "0,3"
 
 
-def test_the_engine_process_is_started_with_the_placed_devices(tmp_path):
-    """The environment the engine process really gets: an interpreter that writes its CUDA_VISIBLE_DEVICES and exits."""
+def _started_environment(tmp_path, monkeypatch, **spec) -> list[str]:
+    """What an engine process really gets: an interpreter that writes part of its environment and exits."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES\" > {seen}\nexit 3\n")
+    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES|$OMP_NUM_THREADS|$VLLM_CPU_OMP_THREADS_BIND\" > {seen}\n"
+                    "exit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    for name in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+        monkeypatch.delenv(name, raising=False)
     pool = EnginePool(persistent=True, start_timeout_s=30)
     with pytest.raises(EngineError, match="exited with code 3"):
-        pool.engine("areal_8b", str(tmp_path), str(tmp_path), "v1", device="cuda", dtype="bfloat16", batch_size=4,
-                    kind="vllm", python=str(fake), vllm={"model": str(tmp_path)}, cuda_visible_devices="4,5,6,7")
-    assert seen.read_text().strip() == "4,5,6,7"
+        pool.engine("areal_8b", str(tmp_path), str(tmp_path), "v1", dtype="bfloat16", batch_size=4, kind="vllm",
+                    python=str(fake), vllm={"model": str(tmp_path)}, **spec)
+    return seen.read_text().strip().split("|")
+
+
+def test_the_engine_process_is_started_with_the_placed_devices(tmp_path, monkeypatch):
+    assert _started_environment(tmp_path, monkeypatch, device="cuda", cuda_visible_devices="4,5,6,7") == ["4,5,6,7",
+                                                                                                            "", ""]
+
+
+def test_a_vllm_engine_on_the_cpu_gets_its_share_of_the_cores_unpinned(tmp_path, monkeypatch):
+    """vLLM's CPU build pins each engine's OpenMP threads to all cores of the first NUMA node unless told otherwise: two
+    engines of a run would spin on the same cores. Each gets its share (``threads``), unpinned."""
+    assert _started_environment(tmp_path, monkeypatch, device="cpu", threads=1) == ["", "1", "nobind"]
 
 
 def test_a_given_gpu_list_or_device_index_must_be_the_plans(paper_data):

@@ -76,7 +76,7 @@ class EngineSpec:
     device: str = "cpu"
     dtype: str = "float32"
     batch_size: int = 32
-    threads: int = 0  # torch's intra-op threads in the engine (CPU); 0: torch's default
+    threads: int = 0  # the engine's CPU threads (transformers: torch's intra-op; vLLM on a CPU: OpenMP); 0: default
     kind: str = "transformers"  # or "vllm": AsyncLLM in the GPU worker's vLLM environment
     python: str = ""  # the interpreter of the engine's environment ("" = this one; vLLM: $MARS2_VLLM_PYTHON)
     vllm: dict | None = None  # vLLM engine arguments (kind "vllm"; "model" follows model_dir)
@@ -247,7 +247,9 @@ class EngineClient:
 
         address = str(self._folder / f"engine-{self.starts}.sock")
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
-        env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed})
+        cpu_vllm = self.spec.kind == "vllm" and self.spec.device.startswith("cpu")
+        env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
+                                 cpu_threads=self.spec.threads if cpu_vllm else 0)
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

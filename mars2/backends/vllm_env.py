@@ -60,13 +60,20 @@ def check(python: str | Path, timeout_s: float = 600.0) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def engine_environment(python: str, env: dict[str, str] | None = None) -> dict[str, str]:
+def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_threads: int = 0) -> dict[str, str]:
     """The environment of an engine process run by ``python``: ``env`` (default: this process's) with this checkout
     first on ``PYTHONPATH``, so that any interpreter (the vLLM environment holds vLLM, not the project) runs this
-    checkout's engine code, the same the client speaks to."""
+    checkout's engine code, the same the client speaks to.
+
+    ``cpu_threads`` > 0 (a vLLM engine on the CPU, its share of the cores): ``OMP_NUM_THREADS`` is that share and
+    vLLM's thread binding is off unless ``VLLM_CPU_OMP_THREADS_BIND`` is set (its default, ``auto``, pins every
+    engine's OpenMP threads to all the cores of the first NUMA node, so the engines of a run spin on the same cores)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)  # read by vLLM's CPU build only
+    if cpu_threads > 0:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
 
 
