@@ -25,12 +25,58 @@ def tracking_uri(cfg: RunConfig) -> str:
     return cfg.paths.mlflow_uri or f"sqlite:///{Path(cfg.paths.root).resolve() / 'mlflow.db'}"
 
 
-def _client(uri: str):
+def _client(uri: str) -> RetryingClient:
     from mlflow.tracking import MlflowClient
 
     if uri.startswith("sqlite:///"):
         seed_sqlite_store(Path(uri.removeprefix("sqlite:///")))
-    return MlflowClient(tracking_uri=uri)
+    return RetryingClient(MlflowClient(tracking_uri=uri))
+
+
+# what a store says when another run's write collided with this one (SQLite, Postgres): the write can be made again
+WRITE_CONFLICTS = ("UNIQUE constraint failed", "duplicate key value violates unique constraint", "database is locked")
+
+
+def write_conflict(error: BaseException) -> bool:
+    """``error`` (or an exception it was raised from) is a concurrent write's collision, not a lasting refusal: a
+    name that already exists (``RESOURCE_ALREADY_EXISTS``) is a lasting one."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "error_code", None) == "RESOURCE_ALREADY_EXISTS":
+            return False
+        if any(marker in str(seen) for marker in WRITE_CONFLICTS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose every call is made again, after a short random wait, when it collides with another
+    run's write to the same store (two sweep points logging the same dataset at once, SQLite's write lock): each store
+    call is one transaction, so a collided call wrote nothing and repeating it is safe. Other errors pass through."""
+
+    ATTEMPTS = 8
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            import random
+
+            for attempt in range(self.ATTEMPTS):
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as e:
+                    if attempt == self.ATTEMPTS - 1 or not write_conflict(e):
+                        raise
+                    time.sleep(0.02 * 2**attempt * (1 + random.random()))
+
+        return call
 
 
 def seed_sqlite_store(db: Path) -> None:
@@ -118,8 +164,15 @@ def experiment_id(cfg: RunConfig) -> str:
     if exp is not None:
         return exp.experiment_id
     location = (Path(cfg.paths.root).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
-    return client.create_experiment(cfg.paths.experiment, artifact_location=location,
-                                    tags={EXPERIMENT_KIND: "custom_model_development"})
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.create_experiment(cfg.paths.experiment, artifact_location=location,
+                                        tags={EXPERIMENT_KIND: "custom_model_development"})
+    except MlflowException as e:  # another run of a sweep created it meanwhile
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(cfg.paths.experiment).experiment_id
 
 
 def config_fingerprint(config: dict[str, Any]) -> str:

@@ -52,3 +52,66 @@ def test_open_run_resumes_a_failed_run_defers_after_a_finished_one_and_creates_f
     assert other.id not in (first.id, new_id) and not other.deferred
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         assert db.execute("select count(*) from runs").fetchone()[0] == 3
+
+
+_SWEEP_POINT = """
+import sys, time
+from pathlib import Path
+
+from tasks import tracking
+from tasks.config import compose_run, to_container, to_yaml
+from tasks.stage import StageRecord
+
+point, start_at, data = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+cfg = compose_run([f"train.cycles={point + 1}"])  # another sweep point: another config, the same data
+dataset = StageRecord(stage="data", key="k" * 64, dir=data, files={"train.parquet": "x", "eval.parquet": "y"},
+                      meta={"train_hash": "a" * 36, "eval_hash": "b" * 36})
+run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=f"flow-{point}", run_name=f"p{point}")
+time.sleep(max(0.0, start_at - time.time()))  # every point logs the same datasets at the same instant
+from mlflow.entities import Dataset, DatasetInput
+
+client = tracking.client(cfg)
+for k in range(20):  # more datasets each point shares: each is one more chance for two points to collide
+    client.log_inputs(run.id, datasets=[DatasetInput(Dataset(f"shared-{k}", f"{k:036d}", "local", "{}"))])
+tracking.log_datasets(cfg, run.id, dataset)
+tracking.log_metrics(cfg, run.id, {"engine_starts": point})
+tracking.end_run(cfg, run.id, "FINISHED")
+print(run.id)
+"""
+
+
+def test_sweep_points_tracking_at_once_into_one_store_all_finish_complete(tmp_path):
+    """Several runs of one home (a sweep's points on one worker) create their MLflow runs, then log the same datasets
+    at the same instant: every one finishes, and every MLflow run holds both datasets and its metric."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import pandas as pd
+
+    from tasks.tracking import EXPERIMENT_KIND
+
+    data = tmp_path / "data"
+    data.mkdir()
+    frame = pd.DataFrame({"id": ["p1", "p2"], "platform": ["x", "y"], "difficulty": ["easy", "hard"],
+                          "contest_date": ["2025-01-01", "2025-02-01"]})
+    for split in ("train", "eval"):
+        frame.to_parquet(data / f"{split}.parquet")
+    env = {**os.environ, "MARS2_HOME": str(tmp_path / "home")}
+    points = 8
+    start_at = time.time() + 20  # after every process has imported MLflow and composed its config
+    procs = [subprocess.Popen([sys.executable, "-c", _SWEEP_POINT, str(i), str(start_at), str(data)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(points)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0] * points, [err[-1500:] for _, err in outs if err]
+    ids = [out.strip().splitlines()[-1] for out, _ in outs]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.tags.get(EXPERIMENT_KIND)]
+    assert len(set(ids)) == points
+    for point, run_id in enumerate(ids):
+        run = client.get_run(run_id)
+        assert run.info.experiment_id == experiment.experiment_id and run.info.status == "FINISHED"
+        assert sorted(i.dataset.name for i in run.inputs.dataset_inputs) == sorted(
+            ["toy-eval", "toy-train", *(f"shared-{k}" for k in range(20))])
+        assert run.data.metrics["engine_starts"] == point
