@@ -55,7 +55,8 @@ def checkpoints_of(cfg) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
 def evaluate_agents(overrides: list[str] | None = None) -> dict:
     """Evaluate the agents of ``overrides`` (Hydra overrides of ``conf/evaluate.yaml``); returns the run summary."""
     cfg = compose_eval(overrides or [])
-    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id))
+    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
+                       progress_every_s=cfg.progress_every_s)
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
                             run_name=f"eval-{cfg.agents.preset}-{flow_run.name}", kind="evaluate")
     report = RunReport(cfg, ctx, run, title="mars2 evaluation")

@@ -46,7 +46,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     if deployment.id and "MARS2_HOME" not in os.environ:
         get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
                                  "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
-    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at)
+    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at,
+                       progress_every_s=cfg.progress_every_s)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
                             run_name=f"{cfg.agents.preset}-{flow_run.name}")

@@ -392,6 +392,9 @@ class RunConfig:
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)  # cluster description for flows/plan.py
     seed: int = 0
+    # output that is not a terminal (a log file, nohup, sbatch): one plain progress line per stage every this many
+    # seconds (0: none); a terminal gets the live display instead
+    progress_every_s: float = field(default=30.0, metadata={"cache_key": False})
 
 
 def _fail(what: str, allowed: str) -> None:
@@ -472,6 +475,8 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
               f"and workers from 0 (one per core) to {MAX_WORKERS}.")
     _validate_orchestration(cfg.orchestration)
     _validate_plan(cfg.plan)
+    if not cfg.progress_every_s >= 0:
+        _fail(f"progress_every_s={cfg.progress_every_s} must be >= 0", "Seconds between plain progress lines; 0: none.")
     _validate_agents(cfg, cuda_available, planning)
     for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
         _fail(what, allowed)  # preset" says more to a user on a laptop than a missing data path

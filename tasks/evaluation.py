@@ -54,7 +54,8 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
-        with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs") as advance:
+        with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs",
+                            every_s=ctx.progress_every_s) as advance:
             samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners,
                                                  lambda done, total: advance(done, total, phase="generate"))
             release(runners)

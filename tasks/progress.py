@@ -2,11 +2,16 @@
 programs evaluated), how many of how many, the rate and the time left.
 
 The display is transient: when the stage ends it disappears and the flow's one ``✓ ran`` line per stage stays
-(``tasks/report.py``). On a console that is not a terminal (a log file, CI) nothing is drawn at all.
+(``tasks/report.py``). On a console that is not a terminal (a log file, ``nohup``, ``sbatch``, CI) nothing is drawn;
+instead one plain line every ``every_s`` seconds says where the stage is:
+
+    rollout c0: 312/1024 nodes, 10.4 nodes/s, 30 s elapsed, ETA 68 s
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -25,13 +30,16 @@ class RateColumn(ProgressColumn):
 
 
 @contextmanager
-def stage_progress(label: str, unit: str, console: Console | None = None) -> Iterator[Callable[..., None]]:
+def stage_progress(label: str, unit: str, console: Console | None = None,
+                   every_s: float = 30.0) -> Iterator[Callable[..., None]]:
     """``with stage_progress("rollout c0", "nodes") as advance: ... advance(done, total)``; a stage with phases
-    keeps its one display and names the phase: ``advance(done, total, phase="hidden tests")``."""
+    keeps its one display and names the phase: ``advance(done, total, phase="hidden tests")``. Not on a terminal:
+    a plain progress line every ``every_s`` seconds (0: none)."""
     console = console or Console(stderr=True)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[unit]}"), RateColumn(), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn())
+    lines = PlainLines(label, unit, console) if not console.is_terminal and every_s > 0 else None
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         job = bar.add_task(label, total=None, unit=unit)
 
@@ -39,5 +47,48 @@ def stage_progress(label: str, unit: str, console: Console | None = None) -> Ite
             if phase is not None:
                 bar.update(job, description=f"{label}: {phase}")
             bar.update(job, completed=done, total=total)
+            if lines is not None:
+                lines.update(done, total, phase)
 
-        yield advance
+        if lines is None:
+            yield advance
+            return
+        stop = threading.Event()
+        ticker = threading.Thread(target=lines.every, args=(every_s, stop), name=f"progress-{label}", daemon=True)
+        ticker.start()
+        try:
+            yield advance
+        finally:
+            stop.set()
+            ticker.join()
+
+
+class PlainLines:
+    """A stage's progress as plain text lines (``label: done/total unit, rate unit/s, elapsed, ETA``), for a console
+    that is not a terminal. The rate is over the stage so far; a phase restarts it."""
+
+    def __init__(self, label: str, unit: str, console: Console):
+        self.label, self.unit, self.console = label, unit, console
+        self.done, self.total, self.phase = 0, 0, None
+        self.start = self.phase_start = time.monotonic()
+        self.lock = threading.Lock()
+
+    def update(self, done: int, total: int, phase: str | None) -> None:
+        with self.lock:
+            if phase is not None and phase != self.phase:
+                self.phase, self.phase_start = phase, time.monotonic()
+            self.done, self.total = done, total
+
+    def line(self) -> str:
+        with self.lock:
+            now = time.monotonic()
+            name = f"{self.label}: {self.phase}" if self.phase else self.label
+            rate = self.done / max(now - self.phase_start, 1e-9)
+            eta = f"ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 and self.total else "ETA ?"
+            total = self.total or "?"
+            return (f"{name}: {self.done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, "
+                    f"{now - self.start:.0f} s elapsed, {eta}")
+
+    def every(self, every_s: float, stop: threading.Event) -> None:
+        while not stop.wait(every_s):
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)

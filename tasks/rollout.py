@@ -41,7 +41,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
                                   max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
-        with stage_progress(f"rollout c{cycle}", "nodes") as advance:
+        with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
             nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(grading), advance))
         release(runners)
         write_parquet(out / "trees.parquet", nodes)

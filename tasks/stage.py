@@ -48,6 +48,7 @@ class StageContext:
     root: str
     flow_run_id: str = ""
     fail_at: str | None = None
+    progress_every_s: float = 30.0  # not on a terminal: a plain progress line per stage this often (0: none)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                                         cuda_visible_devices=update_devices(member), **args)
                 shutil.rmtree(out / "job")
             else:
-                with stage_progress(f"update/{owner} c{cycle}", "samples") as advance:
+                with stage_progress(f"update/{owner} c{cycle}", "samples", every_s=ctx.progress_every_s) as advance:
                     metrics = update_agent(out_dir=out, progress=advance, **args)
         complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
         return {"metrics": {**metrics, **buffer_metrics(table, len(new))},

@@ -22,7 +22,7 @@ from flowenv import RANDOM_TEAM, flow_env
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
-         "train.cycles=2", "grading.time_limit_s=2"]
+         "train.cycles=2", "grading.time_limit_s=2", "progress_every_s=0.5"]
 UPSTREAM_OF_GRADING = {"data", "agents", "rollout"}
 DATA_PARALLEL = "agents.members.0.update_procs=2"  # qwen_tiny's updates run on two torchrun ranks, llama_tiny's on one
 
@@ -85,6 +85,16 @@ def runs(tmp_path_factory):
     run_d = _latest_run_id(home)
     return dict(home=home, a=a, b=b, c=c, d=d, ids=(run_a, run_b, run_c, run_d), snaps=(snap_a, snap_b),
                 status_a=status_a, counts=(count_b, count_c, _run_count(home)))
+
+
+def test_a_run_whose_output_is_not_a_terminal_prints_plain_progress_lines(runs):
+    import re
+
+    lines = re.findall(r"^(rollout c\d|grading c\d|eval c\d|eval before|update/\w+ c\d)(?:: [\w ]+)?: \d+/\d+ (\w+), "
+                       r"\d+\.\d \w+/s, \d+ s elapsed, ETA (?:\d+ s|\?)$", runs["a"].stderr + runs["b"].stderr, re.M)
+    # the evaluations of this small run last several intervals; shorter stages may finish within one
+    assert sum(stage.startswith("eval") for stage, _ in lines) >= 3, (runs["a"].stderr + runs["b"].stderr)[-3000:]
+    assert "\x1b[" not in runs["b"].stderr  # no live display drawn into a file
 
 
 def test_injected_fault_fails_the_run_clearly(runs):

@@ -17,10 +17,37 @@ def test_a_stage_draws_one_display_with_count_rate_and_phase_on_a_terminal():
     assert "eval c0: hidden tests" in drawn and "3/3" in drawn and "programs" in drawn
 
 
-def test_nothing_is_drawn_where_the_console_is_not_a_terminal():
+def test_nothing_is_drawn_where_the_console_is_not_a_terminal_and_lines_are_off():
     out = io.StringIO()
-    with stage_progress("rollout c0", "nodes", Console(file=out, force_terminal=False)) as advance:
+    with stage_progress("rollout c0", "nodes", Console(file=out, force_terminal=False), every_s=0) as advance:
         advance(5, 10)
+    assert out.getvalue() == ""
+
+
+def test_off_a_terminal_a_long_stage_prints_a_plain_line_every_few_seconds():
+    """Under nohup, sbatch or ``> log`` a long stage must not look like a hang: one plain line per interval with
+    done/total, the rate and the time left; nothing while the stage is shorter than one interval."""
+    import re
+    import time
+
+    out = io.StringIO()
+    with stage_progress("rollout c0", "nodes", Console(file=out, force_terminal=False, width=80),
+                        every_s=0.2) as advance:
+        for done in range(0, 11):
+            advance(done, 20)
+            time.sleep(0.05)
+        advance(12, 20, phase="hidden tests")
+        time.sleep(0.25)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and "\x1b" not in out.getvalue()  # plain text, no escape codes, one line each
+    pattern = r"^rollout c0(: hidden tests)?: (\d+)/20 nodes, (\d+\.\d) nodes/s, \d+ s elapsed, ETA \d+ s$"
+    assert all(re.match(pattern, line) for line in lines), lines
+    first = re.match(pattern, lines[0])
+    assert 2 <= int(first.group(2)) <= 10 and 5 < float(first.group(3)) < 40  # about 20 nodes/s so far
+    assert lines[-1].startswith("rollout c0: hidden tests: 12/20")
+    out = io.StringIO()
+    with stage_progress("grading c0", "programs", Console(file=out, force_terminal=False), every_s=5) as advance:
+        advance(3, 3)
     assert out.getvalue() == ""
 
 
