@@ -46,7 +46,15 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
     try:
         with _temporary_server():
             flow(overrides)
-    except Exception as e:
+    except BaseException as e:
+        if _interrupted:  # whatever the signal's unwinding became on its way out of Prefect (a connection error)
+            signum, stages = _interrupted[0]
+            during = f" during {', '.join(stages)}" if stages else ""
+            print(f"mars2: the {what} was interrupted ({signal.Signals(signum).name}){during}. Run the same command "
+                  "again to resume: finished stages come back from cache.", file=sys.stderr)
+            raise SystemExit(128 + signum) from None
+        if not isinstance(e, Exception):
+            raise
         full = no_space_left(e, runtime.run_root())
         if full is not None:
             sys.exit(f"mars2: {full}: the {what} failed: {type(e).__name__}: {e}\n"
@@ -101,5 +109,10 @@ def _temporary_server():
         yield
 
 
+_interrupted: list[tuple[int, list[str]]] = []  # (signal, the stages it stopped)
+
+
 def _exit_on_sigterm(signum: int, _frame) -> None:
+    stages = sys.modules.get("tasks.stage")  # loaded once a stage has run; not imported in a signal handler
+    _interrupted.append((signum, stages.unfinished_stages() if stages is not None else []))
     raise SystemExit(128 + signum)

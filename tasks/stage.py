@@ -15,12 +15,14 @@ Weights travel between stages as :class:`AgentWeights` per weight owner in :attr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import importlib.util
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,7 +202,7 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
     if ctx.fail_at == stage:
         raise StageFault(f"fault injected in stage {stage!r} (debug.fail_at={stage})")
     start = time.perf_counter()
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final) as tmp, _unfinished(stage):
         out = produce(tmp) or {}
         record = StageRecord(stage=stage, key=digest, dir=str(final), files=folder_fingerprints(tmp),
                              metrics={k: float(v) for k, v in out.get("metrics", {}).items()},
@@ -209,6 +211,29 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
         atomic_write_json(tmp / MANIFEST, dataclasses.asdict(record))
     # another run may have finished the same folder first; then its files, not ours, are the artefact
     return StageRecord(**json.loads((final / MANIFEST).read_text()))
+
+
+_UNFINISHED: dict[str, int] = {}  # stages started in this process and not finished (updates run side by side)
+_UNFINISHED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _unfinished(stage: str):
+    """``stage`` counts as unfinished from here until its block ends normally: a stage an error or a signal stopped
+    stays unfinished (Prefect unwinds a flow run on SIGTERM before the process's own handler runs)."""
+    with _UNFINISHED_LOCK:
+        _UNFINISHED[stage] = _UNFINISHED.get(stage, 0) + 1
+    yield
+    with _UNFINISHED_LOCK:
+        _UNFINISHED[stage] -= 1
+        if not _UNFINISHED[stage]:
+            del _UNFINISHED[stage]
+
+
+def unfinished_stages() -> list[str]:
+    """The stages this process started and did not finish (running, or stopped by an error or a signal)."""
+    with _UNFINISHED_LOCK:
+        return list(_UNFINISHED)
 
 
 def altered_artefacts(folder: Path) -> list[str]:
@@ -265,4 +290,4 @@ def current_parameters() -> dict[str, Any]:
 
 
 __all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "cache_key_fn", "code_version",
-           "current_parameters", "reusable", "run_stage", "sha256_json", "stage_digest", "stage_dir"]
+           "current_parameters", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest", "stage_dir"]
