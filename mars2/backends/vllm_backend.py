@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mars2.backends.base import Generation, SamplingParams, prompt_seeds
+from mars2.backends.base import Generation, SamplingParams, prompt_seeds, visible_devices
 from mars2.backends.vllm_env import engine_environment
 
 
@@ -146,8 +146,10 @@ class VLLMBackend:
 def replica_devices(replicas: int, tp: int, visible: str | None) -> list[str]:
     """``CUDA_VISIBLE_DEVICES`` of each engine replica: consecutive groups of ``tp`` of the GPUs this process sees
     (its own ``CUDA_VISIBLE_DEVICES``, else 0, 1, ...)."""
-    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(replicas * tp)]
-    if len(ids) < replicas * tp:
+    try:
+        ids = visible_devices(list(range(replicas * tp)), visible).split(",")
+    except ValueError:
+        seen = sum(1 for d in (visible or "").split(",") if d.strip())
         raise ValueError(f"{replicas} vLLM engine(s) of {tp} GPU(s) need {replicas * tp} GPUs but "
-                         f"CUDA_VISIBLE_DEVICES={visible!r} shows {len(ids)}")
+                         f"CUDA_VISIBLE_DEVICES={visible!r} shows {seen}") from None
     return [",".join(ids[r * tp : (r + 1) * tp]) for r in range(replicas)]
