@@ -5,7 +5,7 @@
 #
 #   bash bench/gpu_checks.sh step kv        # items 5 and 3: at most 6.5 minutes together
 #   bash bench/gpu_checks.sh rollout512     # item 2: a call of its own (up to 9 minutes)
-#   bash bench/gpu_checks.sh update         # item 1: a call of its own (TMPDIR on /dev/shm)
+#   bash bench/gpu_checks.sh update         # item 1: a call of its own (medians, then a profiled run of ours and plain)
 #   bash bench/gpu_checks.sh orphans        # a bench killed mid-search leaves no engine (about 2 minutes)
 #
 # Wheels under .whl/ (transformers, deepspeed and its needs; docs/gpu.md) are installed to /tmp/site first when
@@ -85,8 +85,9 @@ for item in "${@:-step kv}"; do
                             --expansions-per-wave 1 --repeats 1 --skip-wave ;;
             rollout512) check rollout512 540 python3 bench/rollout.py --device "$DEVICE" $(model_args) \
                             --expansions-per-wave 1 --repeats 1 --skip-wave --problems 512 ;;
-            update) TMPDIR=/dev/shm check update 540 python3 bench/gpu_update.py --repeats 3 \
-                        --variants ours,plain,plain_chunked ;;
+            update) TMPDIR=/dev/shm check update "${UPDATE_LIMIT:-540}" python3 bench/gpu_update.py \
+                        --repeats "${REPEATS:-3}" --variants "${VARIANTS:-ours,plain,plain_chunked}" \
+                        --trace "${TRACE-ours,plain}" --skip-save $(model_args) --device "$DEVICE" ${UPDATE_ARGS:-} ;;
             orphans) orphans "${ORPHAN_AFTER:-90}" ;;
             *) echo "unknown check $name (step, kv, rollout128, rollout512, update, orphans)" >&2; exit 2 ;;
         esac

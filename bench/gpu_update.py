@@ -4,6 +4,7 @@
                                [--steps 1] [--profile zero3_bf16] [--chunk 1024] [--micro-batch-tokens N]
     python bench/gpu_update.py --model Qwen3-8B --profile zero3_bf16_offload
     python bench/gpu_update.py --repeats 3 --variants ours,plain,plain_chunked   # medians; the chunked path's share
+    python bench/gpu_update.py --trace ours,plain --skip-save   # profiled runs first: where each loop's time goes
     python bench/gpu_update.py --tiny          # a tiny Qwen3 shape on CPU (the test suite runs this)
     python bench/gpu_update.py --shape 512,4 --fp32 --device cpu --prompt-tokens 128 --response-tokens 2048 \
         --repeats 2 --variants ours,plain,plain_chunked   # a head-heavy shape on CPU: the log-prob path's share
@@ -24,7 +25,10 @@ profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.en
 Prints each variant's peak accelerator memory (CPU: peak RSS) and trained tokens/s of the optimizer loop (model
 building and, for ours, the reference pass are outside the timed loop), and ratios to plain. With ``--repeats N``
 there are N rounds (every variant once per round, each run in a fresh process) and the median run is reported. A
-variant that runs out of memory is reported as such.
+variant that runs out of memory is reported as such. ``--trace`` runs the named variants once more first, under
+``torch.profiler`` from the policy engine's ``train()`` on: the loop's regions (``mars2.policy_logprobs``,
+``mars2.backward``, ``mars2.optimizer_step``, which ``update_agent`` names too), the device's busy share and the ops
+with the most (device) time.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ def run_plain(job: dict, chunked: bool = False) -> dict:
     full-logits path (how much of ours/plain is the chunked log-prob path alone)."""
     import deepspeed
     import torch
+    from torch.profiler import record_function
 
     from mars2.rl.losses import gspo_loss
     from mars2.train.engine import (build_optimizer, chunked_token_logprobs, deepspeed_config, init_distributed,
@@ -139,14 +144,17 @@ def run_plain(job: dict, chunked: bool = False) -> dict:
     for group in groups:
         for i in group:
             b = pack_batch([samples[i]], 0, engine.device)
-            if chunked:
-                logp = chunked_token_logprobs(engine, b["input_ids"], b["attention_mask"], b["mask"],
-                                              chunk_tokens=job["chunk"])
-            else:
-                logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
+            with record_function("mars2.policy_logprobs"):  # the regions of update_agent, to compare traces
+                if chunked:
+                    logp = chunked_token_logprobs(engine, b["input_ids"], b["attention_mask"], b["mask"],
+                                                  chunk_tokens=job["chunk"])
+                else:
+                    logp = token_logprobs(engine, b["input_ids"], b["attention_mask"])
             out = gspo_loss(logp, logp.detach(), b["rollout_logp"], None, b["advantages"], b["mask"])
-            engine.backward(out.loss)
-            engine.step()
+            with record_function("mars2.backward"):
+                engine.backward(out.loss)
+            with record_function("mars2.optimizer_step"):
+                engine.step()
             tokens += b["input_ids"].numel()
             loss += float(out.loss) / len(samples)
     seconds = time.perf_counter() - start
@@ -157,15 +165,80 @@ def run_plain(job: dict, chunked: bool = False) -> dict:
 VARIANTS = {"ours": run_ours, "plain": run_plain, "plain_chunked": lambda job: run_plain(job, chunked=True)}
 
 
-def worker(variant: str, job_path: str) -> None:
-    import torch
+def variant_job(variant: str, job: dict) -> tuple[str, dict]:
+    """``name`` or ``name@CHUNK`` (the same variant with ``logprob_chunk_tokens`` = CHUNK) → (name, job)."""
+    name, _, chunk = variant.partition("@")
+    if name not in VARIANTS or (chunk and not chunk.isdigit()):
+        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}, optionally @CHUNK")
+    return name, {**job, "chunk": int(chunk)} if chunk else job
 
-    job = json.loads(Path(job_path).read_text())
+
+def skip_saves() -> None:
+    """No checkpoint is written (``--skip-save``): the writes are outside the timed loop, and at 1.7B ours' is 28 GB."""
+    import deepspeed
+
+    import mars2.train.engine as engine_module
+
+    deepspeed.DeepSpeedEngine.save_checkpoint = lambda self, *a, **k: None
+    engine_module._save_hf = lambda *a, **k: None
+
+
+def trace_training(prof) -> None:
+    """Record ``prof`` from the policy engine's ``train()`` on (the optimizer loop of ours and of plain; model
+    building and π_ref come before it) to the end of the run."""
+    import deepspeed
+
+    train = deepspeed.DeepSpeedEngine.train
+
+    def start_then_train(self, mode=True):
+        if mode and prof.profiler is None:  # eval() is train(False): the reference engine
+            prof.start()
+        return train(self, mode)
+
+    deepspeed.DeepSpeedEngine.train = start_then_train
+
+
+def trace_report(prof, seconds: float, device: str, top: int) -> str:
+    """The traced loop's regions (mars2.*), the device's busy share and the ops with the most time."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    cuda = device.startswith("cuda")
+    lines = ["regions (host ms; device ms where a GPU ran):"]
+    for e in sorted((e for e in events if e.key.startswith("mars2.")), key=lambda e: e.key):
+        dev = f", device {e.device_time_total / 1e3:.0f}" if cuda else ""
+        lines.append(f"  {e.key:24s} x{e.count}: host {e.cpu_time_total / 1e3:.0f}{dev}")
+    sort = "self_cpu_time_total"
+    if cuda:
+        busy = sum(e.self_device_time_total for e in events
+                   if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e6
+        lines.append(f"device busy {busy:.2f} s of the traced loop's {seconds:.2f} s ({busy / seconds:.0%})")
+        sort = "self_device_time_total"
+    lines.append(events.table(sort_by=sort, row_limit=top))
+    return "\n".join(lines)
+
+
+def worker(variant: str, job_path: str, trace: bool = False) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    name, job = variant_job(variant, json.loads(Path(job_path).read_text()))
+    if job["skip_save"]:
+        skip_saves()
+    prof = None
+    if trace:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job["device"].startswith("cuda") else [])
+        prof = profile(activities=activities)
+        trace_training(prof)
     try:
-        res = VARIANTS[variant](job)
+        res = VARIANTS[name](job)
         res["peak_mb"] = peak_memory_mb(job["device"])
     except torch.OutOfMemoryError as e:
         res = {"oom": str(e).splitlines()[0][:200], "peak_mb": peak_memory_mb(job["device"])}
+    if prof is not None and prof.profiler is not None:
+        prof.stop()
+        if "oom" not in res:
+            print(trace_report(prof, res["seconds"], job["device"], job["top"]), flush=True)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -179,8 +252,8 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "_worker":
-        worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "_worker":
+        worker(sys.argv[2], sys.argv[3], trace=sys.argv[4:] == ["trace"])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="Qwen3-1.7B", help="a shipped config's name (mars2/plan/model_configs) or a folder "
@@ -197,7 +270,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="rounds of runs (every variant once per round, "
                                                                   "each in its own process); medians reported")
     ap.add_argument("--variants", default="ours,plain", help="comma-separated: ours, plain, plain_chunked (the plain "
-                                                             "loop with chunked log-probs)")
+                                                             "loop with chunked log-probs); NAME@CHUNK runs NAME with "
+                                                             "CHUNK-token log-prob chunks")
+    ap.add_argument("--trace", default="", help="comma-separated variants to run once under torch.profiler before "
+                                                "the rounds (their optimizer loop): regions, device busy share, top "
+                                                "ops; not in the medians")
+    ap.add_argument("--top", type=int, default=15, help="ops listed per trace")
+    ap.add_argument("--skip-save", action="store_true", help="write no checkpoint (outside the timed loop; saves "
+                                                             "device time: ours' is 28 GB at 1.7B)")
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU, ZeRO-3 fp32, 96-token responses")
     ap.add_argument("--shape", default=None, help="HIDDEN,LAYERS: a Qwen3 of that shape with the real vocabulary "
                                                   "instead of --model")
@@ -227,7 +307,7 @@ def main() -> None:
         job = {"model_dir": f"{tmp}/model", "out": f"{tmp}/out", "profile": profile, "device": device,
                "dtype": "bfloat16" if bf16 else "float32", "samples": a.samples, "prompt": a.prompt_tokens,
                "response": a.response_tokens, "vocab": cfg.vocab_size, "chunk": a.chunk,
-               "micro_batch_tokens": a.micro_batch_tokens,
+               "micro_batch_tokens": a.micro_batch_tokens, "skip_save": a.skip_save, "top": a.top,
                "step_batch": None if a.steps <= 1 else max(1, a.samples // a.steps)}
         Path(f"{tmp}/job.json").write_text(json.dumps(job))
         what = "tiny Qwen3" if a.tiny else f"Qwen3 (hidden, layers) = ({a.shape}), vocab 151936" if a.shape else a.model
@@ -236,17 +316,35 @@ def main() -> None:
               f"tokens, {a.steps} optimizer step(s), {a.repeats} run(s) per variant", flush=True)
         unit = "GPU memory (max allocated)" if device.startswith("cuda") else "peak RSS"
         runs: dict[str, list[dict]] = {v: [] for v in a.variants.split(",")}
+        traced = [v for v in a.trace.split(",") if v]
+        for v in [*runs, *traced]:
+            variant_job(v, job)
+
+        def run(variant: str, *trace: str) -> dict:
+            out = subprocess.run([sys.executable, __file__, "_worker", variant, f"{tmp}/job.json", *trace], env=env,
+                                 capture_output=True, text=True)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not lines:
+                raise SystemExit(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+            if trace:
+                print("\n".join(ln for ln in out.stdout.splitlines() if not ln.startswith("RESULT ")), flush=True)
+            return json.loads(lines[-1][len("RESULT "):])
+
+        for variant in traced:  # first: a device call cut short by its time limit still brings back the profile
+            print(f"== trace of {variant} (its own run, not in the medians)", flush=True)
+            t0 = time.perf_counter()
+            r = run(variant, "trace")
+            if "oom" not in r:
+                print(f"   traced loop {r['seconds']:.2f} s, {r['tokens_per_s']:.1f} tokens/s "
+                      f"(run {time.perf_counter() - t0:.0f} s)", flush=True)
         for rep in range(a.repeats):  # rounds of every variant, each run in a fresh process (nothing carried over)
             for variant in runs:
-                out = subprocess.run([sys.executable, __file__, "_worker", variant, f"{tmp}/job.json"], env=env,
-                                     capture_output=True, text=True)
-                lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-                if out.returncode != 0 or not lines:
-                    raise SystemExit(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
-                r = json.loads(lines[-1][len("RESULT "):])
+                t0 = time.perf_counter()
+                r = run(variant)
                 runs[variant].append(r)
                 print(f"  run {rep + 1} {variant}: " + (f"out of memory, {r['peak_mb']:.0f} MB" if "oom" in r else
-                      f"{unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s"), flush=True)
+                      f"{unit} {r['peak_mb']:.0f} MB, {r['tokens_per_s']:.1f} tokens/s") +
+                      f" (run {time.perf_counter() - t0:.0f} s)", flush=True)
         res = {v: summary(rs) for v, rs in runs.items()}
     for v, r in res.items():
         if "oom" in r:

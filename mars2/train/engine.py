@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from mars2.rl.losses import grpo_loss, gspo_loss
 
@@ -427,6 +428,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     Under torchrun (:mod:`mars2.train.launch`) every rank calls this with all samples and trains on its shard of
     each step (:func:`rank_micro_batches`); DeepSpeed all-reduces the gradients, metrics are summed over ranks, and
     rank 0 writes ``model/`` while every rank writes its part of ``ds/``.
+
+    Under ``torch.profiler`` the phases are named regions: ``mars2.reference_logprobs``, then per micro-batch
+    ``mars2.policy_logprobs``, ``mars2.backward`` and ``mars2.optimizer_step``.
     """
     import deepspeed
     import torch.distributed as dist
@@ -445,7 +449,8 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     n_micro = len(steps[0])
     ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=n_micro, grad_clip=hp.grad_clip)
     batches = [pack_batch([samples[i] for i in idx], pad_id, device) for micro in steps for idx in micro]
-    ref_logps = reference_logprobs(ref_model_dir, batches, ds_cfg, hp, device)
+    with record_function("mars2.reference_logprobs"):
+        ref_logps = reference_logprobs(ref_model_dir, batches, ds_cfg, hp, device)
 
     model = load_causal_lm(model_dir, hp.dtype, device, ds_cfg)
     if profile.get("gradient_checkpointing"):
@@ -465,8 +470,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     start = time.perf_counter()
 
     def logprobs(batch):
-        return chunked_token_logprobs(engine, batch["input_ids"], batch["attention_mask"], batch["mask"],
-                                      temperature=hp.temperature, chunk_tokens=hp.logprob_chunk_tokens)
+        with record_function("mars2.policy_logprobs"):
+            return chunked_token_logprobs(engine, batch["input_ids"], batch["attention_mask"], batch["mask"],
+                                          temperature=hp.temperature, chunk_tokens=hp.logprob_chunk_tokens)
 
     old_logps = None
     if len(steps) > 1:
@@ -491,9 +497,11 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             else:
                 out = grpo_loss(logp, old_logp, ref_logps[k], batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
                                 kl_coef=hp.kl_coef, n_tokens=n_tokens)
-            engine.backward(out.loss * (n_micro * world))  # DeepSpeed divides by the accumulation count and ranks
+            with record_function("mars2.backward"):
+                engine.backward(out.loss * (n_micro * world))  # DeepSpeed divides by the accumulation count and ranks
             full_norm = _full_grad_norm(engine) if i == n_micro - 1 else None
-            engine.step()
+            with record_function("mars2.optimizer_step"):
+                engine.step()
             if i == n_micro - 1:  # under ZeRO-2/3 DeepSpeed computes the norm during the boundary step
                 grad_norm = full_norm if full_norm is not None else _engine_grad_norm(engine)
             totals += torch.tensor([out.loss.item(), out.pg_loss, out.kl,
