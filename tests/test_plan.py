@@ -267,3 +267,18 @@ def test_transformers_on_a_gpu_is_sized_with_the_engines_spare_kv_columns(no_mod
     assert cache_columns(kv.seq_len) == kv.seq_len + kv.seq_len // 4 and cache_columns(40) == 56
     assert kv.needed_bytes_per_gpu == kv.needed_seqs * cache_columns(kv.seq_len) * per_token
     assert kv.max_seqs == kv.tokens // cache_columns(kv.seq_len) < kv.tokens // kv.seq_len
+
+
+def test_zero3_on_one_gpu_names_the_zero2_profile_that_fits(no_models):
+    one = ["agents=heterogeneous_8b", "agents.members.0.model=Qwen3-1.7B", "agents.members.0.gpus=1",
+           "agents.members.1.gpus=1"]
+
+    def hints(*extra):
+        return [[w for w in a.warnings if "ZeRO-3 on one GPU" in w] for a in _plan(*one, *extra).agents]
+
+    small, large = hints()
+    assert len(small) == 1 and small[0].endswith("agents.members.0.deepspeed=zero2_bf16")
+    assert large == []  # an 8B model's ZeRO-2 update does not fit one GPU (and its ZeRO-3 one does not either)
+    assert hints("agents.members.0.gpus=2")[0] == []  # two ranks: ZeRO-3 partitions across them
+    assert hints("agents.members.0.deepspeed=zero2_bf16")[0] == []
+    assert hints("agents.members.0.deepspeed=zero3_bf16_offload")[0] == []

@@ -160,7 +160,11 @@ def deepspeed_profile(cfg: RunConfig, member: AgentConfig) -> DeepSpeedProfile:
     """The agent's profile (``member.deepspeed`` or the run's default ``deepspeed`` group), as the update uses it."""
     prof: dict[str, Any] = cfg.deepspeed_profiles.get(member.deepspeed, {}) if member.deepspeed else cfg.deepspeed
     default = next((k for k, v in cfg.deepspeed_profiles.items() if v == cfg.deepspeed), "deepspeed group")
-    name = member.deepspeed or f"{default} (run default)"
+    return profile_of(member.deepspeed or f"{default} (run default)", prof)
+
+
+def profile_of(name: str, prof: dict[str, Any]) -> DeepSpeedProfile:
+    """What the planner reads of a DeepSpeed config ``prof`` (a conf/deepspeed profile)."""
     zero = prof.get("zero_optimization") or {}
     return DeepSpeedProfile(
         name=name, stage=int(zero.get("stage", 0)),
@@ -331,6 +335,28 @@ def _place(n: int, free: list[list[bool]], node_per_agent: bool) -> list[Span] |
     return spans
 
 
+def one_gpu_zero2_hint(shape: ModelShape, member: AgentConfig, index: int, cfg: RunConfig, profile: DeepSpeedProfile,
+                       dtype_bytes: int, seq_len: int) -> list[str]:
+    """A warning naming a ZeRO-2 profile of ``cfg.deepspeed_profiles`` (same bf16 and checkpointing, no offload) on
+    whose update the agent also fits, when the agent trains with ZeRO-3 without offload on one GPU; else none.
+
+    On one GPU ZeRO-3 has nothing to partition across, yet still fetches and releases every module's parameters
+    around each forward and backward (host work the GPU waits on)."""
+    if profile.stage != 3 or profile.offload_optimizer or profile.offload_param:
+        return []
+    for name, prof in sorted(cfg.deepspeed_profiles.items()):
+        alt = profile_of(name, prof)
+        if (alt.stage, alt.offload_optimizer, alt.offload_param) != (2, False, False) or \
+                (alt.bf16, alt.gradient_checkpointing) != (profile.bf16, profile.gradient_checkpointing):
+            continue
+        upd, _, reasons, _ = _evaluate(shape, member, cfg, alt, 1, dtype_bytes, seq_len)
+        if not reasons:
+            return [f"ZeRO-3 on one GPU partitions nothing but still gathers and frees every module's weights in "
+                    f"each pass; {name} fits too ({_gb(upd.gpu_bytes)} GB per GPU) and is faster (docs/gpu.md, "
+                    f"section 2a): agents.members.{index}.deepspeed={name}"]
+    return []
+
+
 def plan(cfg: RunConfig) -> ClusterPlan:
     """The resource plan of ``cfg`` on the cluster ``cfg.plan`` describes (see the module docstring)."""
     p = cfg.plan
@@ -350,6 +376,8 @@ def plan(cfg: RunConfig) -> ClusterPlan:
         on_gpu = m.device.startswith("cuda")
         n = max(1, m.gpus) if on_gpu else 0
         upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len)
+        if on_gpu and n == 1 and not reasons:
+            warnings += one_gpu_zero2_hint(shape, m, members.index(m), cfg, profile, dtype_bytes, seq_len)
         if on_gpu and m.gpus < 1:
             warnings.insert(0, "gpus=0 on a CUDA device: planned as 1 GPU")
         zero_opts = {}
