@@ -52,11 +52,21 @@ check() {  # check NAME LIMIT_S COMMAND...
 status=0 last_rc=0  # the last failed check's exit status; the last check's
 
 orphans() {  # a rollout bench killed by timeout mid-search must leave no engine process (docs/gpu.md, 3b)
-    local after=$1 left="" before=$status
+    local after=$1 left="" before=$status running
+    # the engines alive 5 s before the kill: a check where none had started yet would prove nothing
+    (sleep $((after - 5)); pgrep -f "[e]ngine_server" | wc -l > "$OUT/orphans.running") &
     check orphans "$after" python3 bench/rollout.py --device "$DEVICE" $(model_args) --repeats 1 --skip-wave
+    wait
     status=$before  # its timeout is the point
     if [ "$last_rc" -ne 124 ]; then
         echo "== orphans: the bench was not killed (exit $last_rc): set ORPHAN_AFTER lower" | tee -a "$OUT/orphans.log"
+        status=1
+        return
+    fi
+    running=$(cat "$OUT/orphans.running" 2>/dev/null || echo 0)
+    echo "== orphans: $running engine process(es) running 5 s before the kill" | tee -a "$OUT/orphans.log"
+    if [ "$running" -eq 0 ]; then
+        echo "== orphans: no engine had started: set ORPHAN_AFTER higher" | tee -a "$OUT/orphans.log"
         status=1
         return
     fi
