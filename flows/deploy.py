@@ -3,6 +3,7 @@
     export PREFECT_API_URL=http://<host>:4200/api          # the team's server (docs/team.md)
     python flows/deploy.py                                # train-cycle/cpu, sweep/cpu, stage/cpu, stage/gpu
     python flows/deploy.py --pool gpu                     # train-cycle (and sweep) on the gpu pool instead
+    python flows/deploy.py --concurrency 2                # 2 train-cycle runs at once (give each cpus=<cores/2>)
     python flows/deploy.py sweep agents=tiny_cpu,tiny_cpu_single train.kl_coef=1e-3,2e-3   # 4 flow runs
     python flows/deploy.py sweep --wait train.cycles=1    # one run; wait for it, exit 1 unless it completed
 
@@ -17,7 +18,8 @@ needs ``pip install -e .`` of the same code and ``MARS2_HOME`` pointing at the s
 - ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml``: one stage of a train cycle run
   with ``orchestration=pools`` (``tasks/stages.py``).
 
-Missing work pools are created as ``process`` pools (``--no-create-pools`` to skip).
+Missing work pools are created as ``process`` pools (``--no-create-pools`` to skip). ``train-cycle/<pool>`` runs
+one flow run at a time by default (each run's CPU budget is all of its worker's cores; ``--concurrency``).
 """
 
 from __future__ import annotations
@@ -129,8 +131,24 @@ def ensure_pools(names: Iterable[str]) -> list[str]:
     return created
 
 
-def register(pool: str = DEFAULT_POOL, overrides: Sequence[str] = (), *, create_pools: bool = True) -> dict[str, str]:
-    """Create/update ``train-cycle/<pool>``, ``sweep/<pool>`` and ``stage/<p>`` for every stage pool; name → id."""
+def run_concurrency(cores: int, cpus: int) -> int:
+    """Train-cycle runs at once on a worker of ``cores`` cores when each run's CPU budget is ``cpus`` (0: every core
+    of the worker, so one run at a time): ⌊cores / budget⌋, at least 1."""
+    return max(1, cores // (cpus or cores))
+
+
+def register(pool: str = DEFAULT_POOL, overrides: Sequence[str] = (), *, create_pools: bool = True,
+             concurrency: int | None = None) -> dict[str, str]:
+    """Create/update ``train-cycle/<pool>``, ``sweep/<pool>`` and ``stage/<p>`` for every stage pool; name → id.
+
+    ``train-cycle/<pool>`` runs at most ``concurrency`` flow runs at once (0: no limit; None:
+    :func:`run_concurrency` of this machine's cores and the runs' default ``cpus``); the others wait in the queue,
+    so a sweep's points take turns instead of sharing the cores. Stage flow runs are not limited (a run waits on
+    its own stages)."""
+    from mars2.cpu import usable_cpus
+
+    if concurrency is None:
+        concurrency = run_concurrency(usable_cpus(), load_cfg(list(overrides)).cpus)
     pools = stage_pools(overrides)
     if create_pools:
         for name in ensure_pools([pool, *pools]):
@@ -139,6 +157,7 @@ def register(pool: str = DEFAULT_POOL, overrides: Sequence[str] = (), *, create_
     sweep_flow = importlib.import_module("flows.deploy").sweep  # not __main__.sweep when run as a script
     deployments = [
         train_cycle.to_deployment(name=pool, parameters={"overrides": []}, entrypoint_type=module, tags=["mars2"],
+                                  concurrency_limit=concurrency or None,
                                   description="MARS² train cycle. `overrides`: Hydra overrides, as on the command line "
                                               "of flows/train_cycle.py, e.g. [\"agents=tiny_cpu_single\", "
                                               "\"train.cycles=3\"]."),
@@ -164,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reg = sub.add_parser("register", help="register the deployments (the default command)")
     reg.add_argument("--pool", default=DEFAULT_POOL, help="work pool of train-cycle and sweep (default: cpu)")
     reg.add_argument("--no-create-pools", action="store_true", help="do not create missing work pools")
+    reg.add_argument("--concurrency", type=int, default=None,
+                     help="train-cycle runs at once (0: no limit; default: this machine's cores / a run's cpus, "
+                          "1 with the default cpus=0)")
     reg.add_argument("overrides", nargs="*", help="orchestration overrides naming stage pools")
     sw = sub.add_parser("sweep", help="submit one train-cycle run per point of a Hydra -m grid")
     sw.add_argument("--deployment", default=f"train-cycle/{DEFAULT_POOL}")
@@ -175,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "register":
-            for name, dep_id in register(args.pool, args.overrides, create_pools=not args.no_create_pools).items():
+            ids = register(args.pool, args.overrides, create_pools=not args.no_create_pools,
+                           concurrency=args.concurrency)
+            for name, dep_id in ids.items():
                 print(f"deployment {name}  ({dep_id})")
             print(f"start workers: prefect worker start --pool {args.pool}   (and one per stage pool, e.g. --pool gpu)")
             return 0

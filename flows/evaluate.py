@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.runtime import configure_process
+from tasks.runtime import configure_process, use_cpu_budget
 
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
@@ -56,7 +56,8 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     """Evaluate the agents of ``overrides`` (Hydra overrides of ``conf/evaluate.yaml``); returns the run summary."""
     cfg = compose_eval(overrides or [])
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
-                       progress_every_s=cfg.progress_every_s)
+                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
+    use_cpu_budget(ctx.cpus)
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
                             run_name=f"eval-{cfg.agents.preset}-{flow_run.name}", kind="evaluate")
     report = RunReport(cfg, ctx, run, title="mars2 evaluation")

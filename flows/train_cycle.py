@@ -17,7 +17,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from tasks.runtime import configure_process
+from tasks.runtime import configure_process, use_cpu_budget
 
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
@@ -47,7 +47,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
                                  "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at,
-                       progress_every_s=cfg.progress_every_s)
+                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
+    use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
                             run_name=f"{cfg.agents.preset}-{flow_run.name}")

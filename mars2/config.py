@@ -395,6 +395,9 @@ class RunConfig:
     # output that is not a terminal (a log file, nohup, sbatch): one plain progress line per stage every this many
     # seconds (0: none); a terminal gets the live display instead
     progress_every_s: float = field(default=30.0, metadata={"cache_key": False})
+    # the run's CPU budget in cores, split among the processes it starts (mars2/cpu.py); 0: the cores the machine a
+    # stage runs on lets this process use (CPU affinity, cgroup quota)
+    cpus: int = field(default=0, metadata={"cache_key": False})
 
 
 def _fail(what: str, allowed: str) -> None:
@@ -477,6 +480,8 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     _validate_plan(cfg.plan)
     if not cfg.progress_every_s >= 0:
         _fail(f"progress_every_s={cfg.progress_every_s} must be >= 0", "Seconds between plain progress lines; 0: none.")
+    if cfg.cpus < 0:
+        _fail(f"cpus={cfg.cpus} must be >= 0", "The run's CPU budget in cores; 0: the cores this process may use.")
     _validate_agents(cfg, cuda_available, planning)
     for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
         _fail(what, allowed)  # preset" says more to a user on a laptop than a missing data path

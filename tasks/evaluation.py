@@ -53,15 +53,16 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
-        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
+        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine, ctx=ctx)
+        sandbox = ctx.grading(grading)  # its slots within the run's CPU budget
         with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs",
                             every_s=ctx.progress_every_s) as advance:
-            samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(grading), runners,
+            samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(sandbox), runners,
                                                  lambda done, total: advance(done, total, phase="generate"))
             release(runners)
             graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"),
                                                             trees.assign(kind="tree")], ignore_index=True),
-                                                 {p.id: p for p in problems}, grading,
+                                                 {p.id: p for p in problems}, sandbox,
                                                  progress=lambda done, total: advance(done, total, "hidden tests"))
         public_only = sum(not p.hidden_tests for p in problems)
         graded = graded.merge(labels, on="problem_id", how="left")

@@ -27,7 +27,8 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
 
         rows = pd.read_parquet(samples.path("trees.parquet"), columns=["problem_id", "node_id", "agent", "code"])
         with stage_progress(f"grading c{cycle}", "programs", every_s=ctx.progress_every_s) as advance:
-            verdicts = hidden_test_verdicts(rows, problems_by_id(dataset, "train.parquet"), grading, progress=advance)
+            verdicts = hidden_test_verdicts(rows, problems_by_id(dataset, "train.parquet"), ctx.grading(grading),
+                                            progress=advance)
         times = verdicts.attrs.pop("time_s")
         public_only = verdicts.attrs.pop("public_only")
         write_parquet(out / "verdicts.parquet", verdicts)

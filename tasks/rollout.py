@@ -38,11 +38,11 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
         train = pd.read_parquet(dataset.path("train.parquet"))
         ids = cycle_subset(train["id"].tolist(), cycle, max_problems, rotate)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
-        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine)
+        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine, ctx=ctx)
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
                                   max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
         with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
-            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(grading), advance))
+            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(ctx.grading(grading)), advance))
         release(runners)
         write_parquet(out / "trees.parquet", nodes)
         plot_trees(nodes, out / "trees.png")

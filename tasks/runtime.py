@@ -34,6 +34,9 @@ def configure_process(temporary_server: bool = False) -> None:
         # the embedded server needs more than Prefect's 20 s to start on a loaded 2-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "DO_NOT_TRACK": "1",
+        # read when torch loads OpenMP, so set here: an idle OpenMP thread sleeps instead of spinning, which on a
+        # machine shared by several runs takes the cores their threads need (docs/cpu.md)
+        "OMP_WAIT_POLICY": "PASSIVE",
     }
     if "PREFECT_LOGGING_LEVEL" not in os.environ:
         # Prefect's own INFO lines (task/flow run states, the temporary server) stay off the console; they still reach
@@ -47,6 +50,20 @@ def configure_process(temporary_server: bool = False) -> None:
     warnings.filterwarnings("ignore", message=".*SQLAlchemy.*")
     if temporary_server and not os.environ.get("PREFECT_API_URL") and not _informational(sys.argv[1:]):
         start_temporary_server()
+
+
+def use_cpu_budget(cpus: int) -> int:
+    """Size this process to the run's CPU budget (``cpus``; 0: the cores it may use) and return the budget: torch's
+    threads, and the thread variables every process it starts inherits unless it is given its own share
+    (:func:`mars2.cpu.thread_environment`)."""
+    import torch
+
+    from mars2.cpu import cpu_budget, split_cpus, thread_environment
+
+    shares = split_cpus(cpu_budget(cpus))
+    torch.set_num_threads(shares.flow)
+    os.environ.update(thread_environment(shares.flow))
+    return shares.budget
 
 
 def _informational(argv: list[str]) -> bool:

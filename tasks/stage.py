@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mars2.config import GradingConfig
+from mars2.cpu import CpuShares, cpu_budget, split_cpus
 from mars2.io import atomic_dir, atomic_write_json, file_fingerprint, folder_fingerprints, sha256_json
 from mars2.train.checkpoints import PRUNED
 
@@ -51,6 +53,15 @@ class StageContext:
     flow_run_id: str = ""
     fail_at: str | None = None
     progress_every_s: float = 30.0  # not on a terminal: a plain progress line per stage this often (0: none)
+    cpus: int = 0  # the run's CPU budget (mars2.cpu.cpu_budget: 0 is the usable cores of the machine running a stage)
+
+    def cpu_shares(self, *, engines: int = 1, update_ranks: int = 1) -> CpuShares:
+        """The run's CPU budget on the machine running this stage, split among its processes (mars2/cpu.py)."""
+        return split_cpus(cpu_budget(self.cpus), engines=engines, update_ranks=update_ranks)
+
+    def grading(self, grading: GradingConfig) -> GradingConfig:
+        """``grading`` with its sandbox slots ``workers`` = 0 (one per core) bounded by the run's CPU budget."""
+        return grading if grading.workers else dataclasses.replace(grading, workers=self.cpu_shares().sandbox)
 
 
 @dataclass(frozen=True)

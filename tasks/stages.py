@@ -40,6 +40,7 @@ from tasks.bootstrap import bootstrap_agents
 from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
 from tasks.engines import node_engines
+from tasks.runtime import use_cpu_budget
 from tasks.evaluation import evaluate
 from tasks.grading import grade
 from tasks.rollout import rollout
@@ -162,6 +163,7 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(ALL)}")
     kwargs = decode_args(ALL[stage], args)
     root = kwargs["ctx"].root
+    use_cpu_budget(kwargs["ctx"].cpus)  # this worker's cores when the run's budget is 0
     if not Path(root).is_dir():
         raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
                                 "($MARS2_HOME) at the same path")

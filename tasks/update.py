@@ -70,7 +70,9 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
             if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
                 check_processes(member)
                 metrics = launch_update(member.processes, out / "job", out_dir=str(out),
-                                        cuda_visible_devices=update_devices(member), **args)
+                                        cuda_visible_devices=update_devices(member),
+                                        threads_per_rank=ctx.cpu_shares(update_ranks=member.processes).update_rank,
+                                        **args)
                 shutil.rmtree(out / "job")
             else:
                 with stage_progress(f"update/{owner} c{cycle}", "samples", every_s=ctx.progress_every_s) as advance:

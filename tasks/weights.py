@@ -8,7 +8,7 @@ from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
 from tasks.engines import EnginePool, current_pool
-from tasks.stage import AgentWeights, StageRecord
+from tasks.stage import AgentWeights, StageContext, StageRecord
 
 
 def owner_of(member: AgentConfig) -> str:
@@ -98,14 +98,17 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
 
 def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, *,
-                  batch_size: int, engine: BackendConfig | None = None) -> dict:
-    """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches."""
+                  batch_size: int, engine: BackendConfig | None = None, ctx: StageContext | None = None) -> dict:
+    """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches.
+
+    The CPU engines of the owners generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
+    without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
     from mars2.search.tree_search import AgentRunner
 
     loaded: dict[str, tuple] = {}
     runners = {}
-    # the owners' CPU engines generate side by side (the asynchronous search): they share the cores
-    threads = max(1, (os.cpu_count() or 1) // len({owner_of(m) for m in members}))
+    cpu_owners = {owner_of(m) for m in members if m.device.startswith("cpu")}
+    threads = (ctx or StageContext(root="")).cpu_shares(engines=len(cpu_owners)).engine
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:

@@ -337,6 +337,13 @@ def _logs(stack) -> str:
 def test_registration_makes_every_deployment(stack):
     for name in ("train-cycle/cpu", "sweep/cpu", "stage/cpu", "stage/gpu"):
         assert f"deployment {name} " in stack["register"]
+    # each run's default CPU budget is all of its worker's cores: a sweep's points take turns (docs/cpu.md)
+    r = httpx.get(f"{stack['api']}/deployments/name/train-cycle/cpu", timeout=10)
+    r.raise_for_status()
+    assert r.json()["global_concurrency_limit"]["limit"] == 1
+    stage = httpx.get(f"{stack['api']}/deployments/name/stage/cpu", timeout=10)  # a run waits on its own stages
+    stage.raise_for_status()
+    assert stage.json()["global_concurrency_limit"] is None
 
 
 def _run_deployment(stack, name: str, parameters: dict, timeout: int = 300) -> dict:

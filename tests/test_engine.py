@@ -74,6 +74,21 @@ def test_one_engine_serves_every_version_in_place_and_never_answers_with_an_olde
     assert engine.pid is None and not engine._folder.exists()  # a clean close leaves no socket or log behind
 
 
+def test_a_cpu_engine_runs_with_the_threads_of_its_share_of_the_runs_cpu_budget(tiny_model_dir, monkeypatch):
+    """The share reaches the engine process twice: torch's intra-op threads, and the thread variables its own
+    children and libraries read (OpenMP, MKL, compile jobs), with passive OpenMP waiting; whatever the parent had."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1", threads=3))
+    try:
+        threads = engine.health()["threads"]
+    finally:
+        engine.close()
+    assert threads == {"torch": 3, "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
+                       "NUMEXPR_NUM_THREADS": "3", "VECLIB_MAXIMUM_THREADS": "3", "MAX_JOBS": "3",
+                       "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def test_requests_stream_in_and_a_load_waits_for_the_ones_already_sent(tiny_model_dir, second_weights):
     """Many requests in flight at once, each answered when it finishes; a load sent while they run waits for them,
     so every one of them is answered by the version it asked for, and the next ones by the new version."""

@@ -25,6 +25,9 @@ SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.
          "train.cycles=2", "grading.time_limit_s=2", "progress_every_s=0.2"]
 UPSTREAM_OF_GRADING = {"data", "agents", "rollout"}
 DATA_PARALLEL = "agents.members.0.update_procs=2"  # qwen_tiny's updates run on two torchrun ranks, llama_tiny's on one
+# the run's CPU budget: 4 cores, whatever the machine has (the flow process and each of the two update ranks get
+# their share: 4 and 2 threads); outside every cache key
+BUDGET = "cpus=4"
 
 pytestmark = pytest.mark.slow
 
@@ -66,22 +69,22 @@ def runs(tmp_path_factory):
     home = tmp_path_factory.mktemp("mars2_home")
     # A as a user's first run (Prefect's temporary server); B-D report to the tests' server (where the Prefect
     # server lives does not change what is cached: the cache is the run folder's)
-    a = _run(home, DATA_PARALLEL, "debug.fail_at=grading", embedded=True)
+    a = _run(home, DATA_PARALLEL, BUDGET, "debug.fail_at=grading", embedded=True)
     run_a = _latest_run_id(home)
     status_a = _mlflow(home, "select status from runs where run_uuid=?", run_a)[0][0]
     snap_a = _snapshot(home, UPSTREAM_OF_GRADING)
-    b = _run(home, DATA_PARALLEL)
+    b = _run(home, DATA_PARALLEL, BUDGET)
     run_b = _latest_run_id(home)
     snap_b = _snapshot(home, UPSTREAM_OF_GRADING)
     count_b = _run_count(home)
-    c = _run(home, DATA_PARALLEL)
+    c = _run(home, DATA_PARALLEL, BUDGET)
     run_c = _latest_run_id(home)
     count_c = _run_count(home)
     grading_dirs = sorted((home / "artifacts" / "grading").iterdir())
     shutil.rmtree(grading_dirs[0])
     tampered = grading_dirs[1] / "verdicts.parquet"
     pd.read_parquet(tampered).assign(reward=1.0).to_parquet(tampered)  # every program "passes"
-    d = _run(home, DATA_PARALLEL)
+    d = _run(home, DATA_PARALLEL, BUDGET)
     run_d = _latest_run_id(home)
     return dict(home=home, a=a, b=b, c=c, d=d, ids=(run_a, run_b, run_c, run_d), snaps=(snap_a, snap_b),
                 status_a=status_a, counts=(count_b, count_c, _run_count(home)))
@@ -178,6 +181,10 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     assert data == [(0,)]  # logged by the failed attempt, not again by the resumed one (it came from cache)
     keys = {k for (k,) in _mlflow(home, "select distinct key from metrics where run_uuid=?", run_id)}
     assert {"grading/pass_rate", "advantage/mean_reward", "update/qwen_tiny/loss", "eval/team/pass_at_n"} <= keys
+    threads = dict(_mlflow(home, "select key, value from metrics where run_uuid=? and key like 'update/%/cpu_threads'",
+                           run_id))  # each update's threads: a torchrun rank's share, the flow process's budget
+    assert threads == {"update/qwen_tiny/cpu_threads": 2.0, "update/llama_tiny/cpu_threads": 4.0}
+    assert params["cpus"] == "4"
     art = home / "mlartifacts"
     assert list(art.rglob("config.yaml")) and list(art.rglob("verdicts.parquet")) and list(art.rglob("summary/*.parquet"))
     assert list(art.rglob("trees.png"))

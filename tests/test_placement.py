@@ -84,8 +84,8 @@ def test_engines_and_updates_map_the_plans_gpus_through_the_workers_own_visible_
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     with pytest.raises(ValueError, match="shows 4"):
         engine_placement(second)
-    assert launch_environment(2, {"RANK": "3", "PATH": "/bin"}, None) == {"PATH": "/bin", "OMP_NUM_THREADS":
-                                                                        str(max(1, (os.cpu_count() or 1) // 2))}
+    env = launch_environment(2, {"RANK": "3", "PATH": "/bin"}, None, threads_per_rank=3)
+    assert "RANK" not in env and env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] == "3"
 
 
 def test_a_transformers_engine_takes_its_owners_first_gpu(paper_data):

@@ -143,8 +143,9 @@ def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, 
 
     again = launch_update(2, tmp_path / "job2", **{**args, "model_dir": str(tmp_path / "two" / "model"),
                                                     "prev_ds_dir": str(tmp_path / "two" / "ds")},
-                          out_dir=str(tmp_path / "three"))
+                          out_dir=str(tmp_path / "three"), threads_per_rank=3)
     assert again["update_step"] == 4  # optimizer and scheduler state resumed from the two-rank checkpoint
+    assert again["cpu_threads"] == 3  # each rank's share of the run's CPU budget
 
 
 @pytest.mark.slow

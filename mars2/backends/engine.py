@@ -9,7 +9,7 @@ an id, every answer names the id it answers, and answers come back in the order 
     (id, "sample", version, prompt, sampling_params_dict, sample_seed) → (id, "ok", Generation)
     (id, "load", model_dir, version)                                   → (id, "ok", version)
     (id, "sleep")                                                      → (id, "ok", None)
-    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", engine counters})
+    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", "threads", engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
 
@@ -247,9 +247,9 @@ class EngineClient:
 
         address = str(self._folder / f"engine-{self.starts}.sock")
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
-        cpu_vllm = self.spec.kind == "vllm" and self.spec.device.startswith("cpu")
+        on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
-                                 cpu_threads=self.spec.threads if cpu_vllm else 0)
+                                 cpu_threads=self.spec.threads if on_cpu else 0)
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

