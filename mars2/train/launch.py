@@ -55,7 +55,13 @@ def write_job(job_dir: str | Path, *, model_dir: str, ref_model_dir: str, prev_d
 
 
 def run_job(job_dir: str | Path) -> dict[str, float]:
-    """One rank's part of the job in ``job_dir``; rank 0 writes the metrics."""
+    """One rank's part of the job in ``job_dir``; rank 0 writes the metrics. The rank runs with the threads its
+    launcher gave it (``OMP_NUM_THREADS``, its share of the run's CPU budget), also where that exceeds the machine's
+    cores, which is as far as torch would take the variable by itself."""
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     job_dir = Path(job_dir)
     job = json.loads((job_dir / JOB).read_text())
     hp = job.pop("hp")
