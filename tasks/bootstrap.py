@@ -16,9 +16,13 @@ from prefect import task
 
 from mars2.config import AgentConfig
 from mars2.io import atomic_write_json
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 
 STAGE = "bootstrap"
+# the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
+# of the RL update reuses it
+READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
+                          if f.name not in ("optimizer", "deepspeed", "update_procs", "gpus", "backend"))}
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.data.schema",
            "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
@@ -28,7 +32,7 @@ def needs_bootstrap(members: list[AgentConfig]) -> bool:
     return any(m.bootstrap.steps > 0 for m in members if m.shares_weights_with is None)
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
 def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord,
                      dataset: StageRecord) -> StageRecord:
     """Warm weights per weight owner with ``bootstrap.steps > 0`` (``weights[owner].model_dir`` points at its complete
@@ -40,6 +44,8 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     files — not by the other agents of the preset, so arms that share an agent (single, homogeneous,
     heterogeneous) and seeds that only change the RL share its warm-start.
     """
+
+    members = narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
         weights = {o: agents.weights_of(o) for o in agents.weights}
@@ -58,7 +64,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
         atomic_write_json(out / "model_dirs.json", {o: w.model_dir for o, w in weights.items()})
         return {"metrics": metrics, "weights": weights}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
 
 
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,

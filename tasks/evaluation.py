@@ -21,11 +21,12 @@ from prefect import task
 from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
+from mars2.eval.run import SEARCH_READS
 from mars2.search.run import public_grader
 from tasks.progress import stage_progress
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 from tasks.engines import release
-from tasks.weights import agent_runners
+from tasks.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "evaluation"
 # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
@@ -34,13 +35,20 @@ MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", 
            "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "tasks.weights")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="evaluation-c{cycle}")
+# the search settings the evaluation trees take (and the engines' batch), the agents' generation fields
+READS = {"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS}
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
+      task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
              engine: BackendConfig, members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
              dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
     metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …)."""
+
+    search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
@@ -82,4 +90,4 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         plot_difficulty(results, out / "by_difficulty.png")
         return {"metrics": metrics}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)

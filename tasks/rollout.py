@@ -11,16 +11,20 @@ from mars2.config import AgentConfig, BackendConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from tasks.progress import stage_progress
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 from tasks.engines import release
-from tasks.weights import agent_runners
+from tasks.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "rollout"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
            "tasks.weights")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="rollout-c{cycle}")
+READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
+      task_run_name="rollout-c{cycle}")
 def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, engine: BackendConfig,
             members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
             cycle: int, max_problems: int | None, rotate: bool = True) -> StageRecord:
@@ -29,6 +33,8 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
 
     ``trees.parquet``: one row per node (problem, node id, parent, depth, agent, prompt, response, code,
     token ids, rollout log-probs, public-test verdict and score); ``trees.png``: a few trees."""
+
+    members = narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.backends import SamplingParams
@@ -48,4 +54,4 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
         plot_trees(nodes, out / "trees.png")
         return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)

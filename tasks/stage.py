@@ -169,8 +169,30 @@ def _keyable(value: Any) -> Any:
     return value
 
 
-def stage_digest(stage: str, modules: tuple[str, ...], parameters: dict[str, Any]) -> str:
-    params = {k: _keyable(v) for k, v in parameters.items() if k != "ctx"}
+def narrowed(value: Any, reads: tuple[str, ...]) -> Any:
+    """``value`` (a config dataclass, or a list of them) with every field not in ``reads`` at its default.
+
+    A stage keys on, and computes from, the narrowed configs of what it declares it reads (``reads`` of
+    :func:`cache_key_fn` and :func:`run_stage`): a change to a field it does not read leaves its key, so its cache,
+    as it was. A field without a default stays."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(narrowed(v, reads) for v in value)
+    unread = {}
+    for f in dataclasses.fields(value):
+        if f.name in reads or not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            unread[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            unread[f.name] = f.default_factory()
+    return dataclasses.replace(value, **unread)
+
+
+def stage_digest(stage: str, modules: tuple[str, ...], parameters: dict[str, Any],
+                 reads: dict[str, tuple[str, ...]] | None = None) -> str:
+    """sha256 of the stage, its code and its parameters but ``ctx``, those named in ``reads`` :func:`narrowed`."""
+    reads = reads or {}
+    params = {k: _keyable(narrowed(v, reads[k]) if k in reads else v) for k, v in parameters.items() if k != "ctx"}
     return sha256_json({"stage": stage, "code": code_version(modules), "params": params})
 
 
@@ -178,8 +200,10 @@ def stage_dir(root: str | Path, stage: str, digest: str) -> Path:
     return Path(root) / "artifacts" / stage / digest[:16]
 
 
-def cache_key_fn(stage: str, modules: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], str]:
-    """Prefect cache key function of a stage: ``<stage>-<digest>``.
+def cache_key_fn(stage: str, modules: tuple[str, ...],
+                 reads: dict[str, tuple[str, ...]] | None = None) -> Callable[[Any, dict[str, Any]], str]:
+    """Prefect cache key function of a stage: ``<stage>-<digest>`` (:func:`stage_digest`; ``reads``: the fields
+    of config parameters the stage reads, the same the task passes to :func:`run_stage`).
 
     Self-healing: if the stage's folder is missing or no longer as it was written (:func:`reusable`), the Prefect
     record stored under that key (a file of the same name in the result storage) is deleted first, so the stage
@@ -187,7 +211,7 @@ def cache_key_fn(stage: str, modules: tuple[str, ...]) -> Callable[[Any, dict[st
     """
 
     def key(_context: Any, parameters: dict[str, Any]) -> str:
-        digest = stage_digest(stage, modules, parameters)
+        digest = stage_digest(stage, modules, parameters, reads)
         name = f"{stage}-{digest}"
         root = Path(parameters["ctx"].root)
         if not reusable(stage_dir(root, stage, digest), stage):
@@ -198,7 +222,8 @@ def cache_key_fn(stage: str, modules: tuple[str, ...]) -> Callable[[Any, dict[st
 
 
 def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameters: dict[str, Any],
-              produce: Callable[[Path], dict[str, Any] | None]) -> StageRecord:
+              produce: Callable[[Path], dict[str, Any] | None],
+              reads: dict[str, tuple[str, ...]] | None = None) -> StageRecord:
     """Run ``produce(tmp_dir)`` into the stage's content-addressed folder and return its record.
 
     ``produce`` writes its files into the folder it is given and returns ``{"metrics": {...}, "meta": {...},
@@ -206,7 +231,7 @@ def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameter
     finished artefacts are never rewritten. ``files`` holds :func:`mars2.io.file_fingerprint` of every file (a full
     sha256 below 64 MiB, size and both ends above: a weight shard is not read end to end).
     """
-    digest = stage_digest(stage, modules, parameters)
+    digest = stage_digest(stage, modules, parameters, reads)
     final = stage_dir(ctx.root, stage, digest)
     if reusable(final, stage):
         return StageRecord(**json.loads((final / MANIFEST).read_text()))
@@ -301,4 +326,4 @@ def current_parameters() -> dict[str, Any]:
 
 
 __all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "cache_key_fn", "code_version",
-           "current_parameters", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest", "stage_dir"]
+           "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest", "stage_dir"]

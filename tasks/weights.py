@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+
 
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
 from tasks.engines import EnginePool, current_pool
 from tasks.stage import AgentWeights, StageContext, StageRecord
+
+# an agent's fields that say how it trains, not how it generates: a stage that only generates does not read them
+TRAINING_FIELDS = ("optimizer", "bootstrap", "deepspeed", "update_procs")
+GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(AgentConfig) if f.name not in TRAINING_FIELDS)
 
 
 def owner_of(member: AgentConfig) -> str:

@@ -17,6 +17,11 @@ from mars2.search.tree_search import AgentRunner, GradeFn
 TEAM = "team"
 
 
+# the SearchConfig fields evaluation_rollouts reads; it sets strategy, max_nodes, detailed_feedback, depth_decay and
+# temperature itself, and takes n_samples, max_new_tokens and seed from the EvalConfig
+SEARCH_READS = ("prior", "depth_gamma0", "depth_gamma_step", "depth_gamma_min", "expansions_per_wave", "top_p")
+
+
 def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, search: SearchConfig, grade: GradeFn,
                         runners: Mapping[str, AgentRunner],
                         progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

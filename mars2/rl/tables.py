@@ -16,6 +16,9 @@ ROUTED_COLUMNS = ["problem_id", "node_id", "agent", "prompt_ids", "response_ids"
                   "advantage"]
 
 
+TRAIN_READS = ("overlong_buffer", "shaping", "shaping_gamma", "shaping_lambda")  # the fields tree_advantages reads
+
+
 def tree_advantages(nodes: pd.DataFrame, verdicts: pd.DataFrame, train: TrainConfig, max_len: int) -> pd.DataFrame:
     """Adds ``correct`` (0/1 on hidden tests), ``reward`` (training reward), ``advantage`` and ``flat`` to every node.
 

@@ -1,0 +1,123 @@
+"""Each stage's cache key holds the config fields it reads, no more: a change to a field a stage does not read is a
+cache hit for it (same key), a change to one it reads is a miss. Keys come from each task's own cache key function,
+as Prefect calls it."""
+
+from dataclasses import replace
+
+import pytest
+
+from tasks import advantage, agents, bootstrap, evaluation, grading, rollout, update
+from tasks.config import load_cfg, resolve
+from tasks.stage import StageContext, StageRecord, narrowed
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return resolve(load_cfg(["agents=tiny_cpu"]), cuda_available=False)
+
+
+def _record(stage: str) -> StageRecord:
+    return StageRecord(stage=stage, key=f"{stage}-key", dir="/nowhere", files={"f": "0"})
+
+
+def _key(task, tmp_path, **params) -> str:
+    return task.cache_key_fn(None, {"ctx": StageContext(root=str(tmp_path)), **params})
+
+
+def _member(cfg, i: int = 0, **changes):
+    members = list(cfg.agents.members)
+    members[i] = replace(members[i], **changes)
+    return members
+
+
+def _optimizer(cfg, **changes):
+    return _member(cfg, optimizer=replace(cfg.agents.members[0].optimizer, **changes))
+
+
+def test_evaluation_keys_on_its_own_tree_settings_not_the_training_search(cfg, tmp_path):
+    """Evaluation trees take eval.max_nodes, eval.max_new_tokens, eval.seed and eval.tree_temperature: an ablation
+    of the training search (search.max_nodes=4) or of the agents' lr reuses the held-out evaluation."""
+    def key(search=cfg.search, members=cfg.agents.members):
+        return _key(evaluation.evaluate, tmp_path, evaluation=cfg.eval, search=search, grading=cfg.grading,
+                    engine=cfg.backend, members=members, weights={}, agents=_record("agents"),
+                    dataset=_record("data"), cycle=-1, max_problems=3)
+
+    base = key()
+    for unread in (dict(max_nodes=4), dict(temperature=0.3), dict(max_new_tokens=7), dict(seed=5),
+                   dict(n_samples=9), dict(strategy="independent"), dict(detailed_feedback=True)):
+        assert key(search=replace(cfg.search, **unread)) == base, unread
+    assert key(members=_optimizer(cfg, lr=0.5)) == base
+    assert key(members=_member(cfg, update_procs=2)) == base
+    for read in (dict(top_p=0.5), dict(expansions_per_wave=2), dict(batch_size=3), dict(depth_gamma0=0.5)):
+        assert key(search=replace(cfg.search, **read)) != base, read
+    assert key(members=_member(cfg, role_prompt="be brief")) != base
+
+
+def test_advantage_keys_on_shaping_and_routing_not_the_optimizer(cfg, tmp_path):
+    def key(train=cfg.train, search=cfg.search, members=cfg.agents.members):
+        return _key(advantage.compute_advantages, tmp_path, train=train, search=search, members=members,
+                    trees=_record("rollout"), verdicts=_record("grading"), cycle=0)
+
+    base = key()
+    for unread in (dict(kl_coef=0.5), dict(clip_eps=0.3), dict(micro_batch=1), dict(cycles=9), dict(loss="grpo")):
+        assert key(train=replace(cfg.train, **unread)) == base, unread
+    assert key(search=replace(cfg.search, max_nodes=4)) == base
+    assert key(members=_optimizer(cfg, lr=0.5)) == base and key(members=_member(cfg, role_prompt="x")) == base
+    for read in (dict(shaping_gamma=0.9), dict(shaping=False), dict(overlong_buffer=0), dict(filter_flat_trees=True)):
+        assert key(train=replace(cfg.train, **read)) != base, read
+    assert key(search=replace(cfg.search, max_new_tokens=7)) != base  # L_max of the overlong penalty
+    assert key(members=_member(cfg, 1, shares_weights_with=cfg.agents.members[0].name)) != base
+
+
+def test_rollout_keys_on_the_whole_search_and_how_agents_generate(cfg, tmp_path):
+    def key(search=cfg.search, members=cfg.agents.members):
+        return _key(rollout.rollout, tmp_path, search=search, grading=cfg.grading, engine=cfg.backend,
+                    members=members, weights={}, agents=_record("agents"), dataset=_record("data"), cycle=0,
+                    max_problems=3, rotate=True)
+
+    base = key()
+    assert key(members=_optimizer(cfg, lr=0.5)) == base
+    assert key(members=_member(cfg, deepspeed="zero2_bf16")) == base
+    assert key(search=replace(cfg.search, max_nodes=4)) != base
+    assert key(members=_member(cfg, chat_template_kwargs={"enable_thinking": True})) != base
+
+
+def test_agents_and_warm_start_key_on_what_builds_the_weights(cfg, tmp_path):
+    def keys(members):
+        return (_key(agents.init_agents, tmp_path, members=members, dataset=_record("data")),
+                _key(bootstrap.bootstrap_agents, tmp_path, members=members, agents=_record("agents"),
+                     dataset=_record("data")))
+
+    base = keys(cfg.agents.members)
+    assert keys(_optimizer(cfg, lr=0.5)) == base  # an lr sweep of the RL update reuses both
+    assert keys(_member(cfg, gpus=2)) == base
+    boot = _member(cfg, bootstrap=replace(cfg.agents.members[0].bootstrap, steps=3))
+    assert keys(boot)[0] == base[0] and keys(boot)[1] != base[1]
+    tiny = _member(cfg, tiny=replace(cfg.agents.members[0].tiny, seed=9))
+    assert keys(tiny)[0] != base[0] and keys(tiny)[1] != base[1]
+
+
+def test_grading_keys_on_what_decides_a_verdict_not_how_many_slots_run(cfg, tmp_path):
+    def key(g):
+        return _key(grading.grade, tmp_path, grading=g, samples=_record("rollout"), dataset=_record("data"), cycle=0)
+
+    assert key(replace(cfg.grading, workers=7)) == key(cfg.grading)
+    assert key(replace(cfg.grading, time_limit_s=1.0)) != key(cfg.grading)
+
+
+def test_update_keys_ignore_how_many_optimizer_states_are_kept(cfg, tmp_path):
+    member = cfg.agents.members[0]
+
+    def key(train):
+        return _key(update.update_policy, tmp_path, member=member, train=train, profile={}, weights=_record("agents"),
+                    agents=_record("agents"), routed=_record("advantage"), cycle=0, temperature=1.0)
+
+    assert key(replace(cfg.train, keep_optimizer_states=3)) == key(cfg.train)
+    assert key(replace(cfg.train, kl_coef=0.5)) != key(cfg.train)
+
+
+def test_a_narrowed_config_keeps_what_is_read_and_defaults_the_rest(cfg):
+    search = replace(cfg.search, max_nodes=4, top_p=0.5)
+    kept = narrowed(search, ("top_p",))
+    assert kept.top_p == 0.5 and kept.max_nodes == type(search)().max_nodes
+    assert [m.name for m in narrowed(cfg.agents.members, ("name",))] == [m.name for m in cfg.agents.members]
