@@ -44,7 +44,16 @@ def configure_process(temporary_server: bool = False) -> None:
         defaults["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "WARNING"
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+        probe = Path(os.environ["PREFECT_HOME"]) / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(f"mars2: the run folder cannot be used: {e.strerror or e} ({e.filename or root}). The run "
+                         f"folder is $MARS2_HOME (now {os.environ.get('MARS2_HOME', 'unset: ./.mars2')}) and its Prefect "
+                         "home $PREFECT_HOME; point them at a folder this user can create and write, e.g. "
+                         "MARS2_HOME=$HOME/mars2-runs.") from None
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*SQLAlchemy.*")

@@ -54,6 +54,37 @@ def test_a_full_run_folder_is_refused_on_the_first_line(tmp_path):
     assert "MiB free" in first and "Traceback" not in proc.stderr
 
 
+def _flow_with_home(home: str, *prefix: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    env["MARS2_HOME"] = home
+    return subprocess.run([*prefix, sys.executable, "flows/train_cycle.py", "agents=tiny_cpu", "data=toy"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_run_folder_that_is_not_a_folder_is_refused_in_one_paragraph(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    proc = _flow_with_home(str(tmp_path / "a-file" / "runs"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith("mars2: the run folder cannot be used: Not a directory")
+    assert "MARS2_HOME" in proc.stderr
+
+
+def test_a_read_only_run_folder_is_refused_in_one_paragraph(tmp_path):
+    """A read-only filesystem (mounted in a private namespace), which refuses even root."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    home = tmp_path / "home"
+    home.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {home}"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a filesystem here: {probe.stderr.strip()}")
+    script = f"mount -t tmpfs -o ro tmpfs {home} && exec \"$@\""
+    proc = _flow_with_home(str(home), "unshare", "-m", "sh", "-c", script, "sh")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith("mars2: the run folder cannot be used: Read-only file system")
+
+
 SERVER = textwrap.dedent("""
     import sys
     sys.argv = ["flow"]
