@@ -13,6 +13,7 @@ takes; the evaluation stage is the one a train cycle ends with (docs/eval.md), c
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tasks.runtime import configure_process, use_cpu_budget
@@ -28,7 +29,7 @@ from tasks.weights import owner_of
 from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
-from tasks.cli import run_flow_from_cli
+from tasks.cli import check_command_line, run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.engines import engine_pool
@@ -93,4 +94,5 @@ def main(_: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -14,6 +14,7 @@ re-uses finished stages and runs only what failed and what depends on it.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from tasks import tracking
 from tasks.weights import model_dir, owner_of
 from tasks.stage import StageContext
 from tasks.bootstrap import needs_bootstrap
-from tasks.cli import run_flow_from_cli
+from tasks.cli import check_command_line, run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
 from tasks.data import source_hash
 from tasks.engines import engine_pool
@@ -109,4 +110,5 @@ def main(_: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -17,6 +17,18 @@ from tasks import runtime
 MIN_FREE_MIB = 64  # a run folder with less free space than this is refused before anything starts
 
 
+def check_command_line(argv: list[str]) -> None:
+    """Exit with one paragraph, before Hydra composes anything, when an override names a key or a group option
+    that does not exist (:func:`tasks.config.override_hint`: the closest valid name and the valid ones); Hydra's own
+    message has neither, and for a group it adds its search path. Flags (``-m``, ``--cfg``, ...) are Hydra's."""
+    from tasks.config import override_hint
+
+    for arg in argv:
+        hint = None if arg.startswith("-") else override_hint(arg)
+        if hint is not None:
+            sys.exit(f"mars2: config error: {hint}")
+
+
 def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list[str]], object], what: str) -> None:
     """Run ``flow(overrides)`` for the overrides of the current ``@hydra.main`` job (one job per ``-m`` combination).
 

@@ -53,7 +53,12 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
     ``planning=True`` (flows/plan.py) does not require the model folders or a GPU on this machine."""
     unknown = sorted(set(cfg.keys()) - set(RunConfig.__dataclass_fields__) - {"hydra"})
     if unknown:
-        raise ConfigError(f"unknown config key(s) {unknown}. Known top-level keys: {', '.join(RunConfig.__dataclass_fields__)}.")
+        import difflib
+
+        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(RunConfig.__dataclass_fields__), n=1))}
+        hint = "".join(f" Did you mean {m!r} for {k!r}?" for k, m in close.items())
+        raise ConfigError(f"unknown config key(s) {unknown}.{hint} Known top-level keys: "
+                          f"{', '.join(RunConfig.__dataclass_fields__)}.")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
         merged.deepspeed_profiles = deepspeed_profiles()
@@ -116,12 +121,65 @@ def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
+        hint = next(filter(None, (override_hint(o) for o in overrides)), None)
+        if hint is not None:
+            raise ConfigError(hint) from None
         cause = f" ({_first_line(e.__cause__)})" if e.__cause__ is not None else ""
         raise ConfigError(f"bad override: {' '.join(str(e).split())}{cause}") from None
     finally:
         if outer is not None:
             GlobalHydra.instance().clear()
             GlobalHydra.instance().initialize(outer)
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group``: ``conf/<group>/*.yaml`` and what the code registers there."""
+    from hydra.core.config_store import ConfigStore
+
+    files = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    try:
+        stored = {name.removesuffix(".yaml") for name in ConfigStore.instance().list(group)}
+    except OSError:
+        stored = set()
+    return sorted(files | stored)
+
+
+def override_hint(override: str) -> str | None:
+    """One paragraph for an override naming a key or group option that does not exist, with the closest valid
+    names (``search.max_node=4`` → ``search.max_nodes``; ``agents=heterogenous_32b`` → ``heterogeneous_32b``);
+    None when its key and option exist (or it adds keys: ``+a.b=...``)."""
+    import difflib
+
+    if "=" not in override or override.startswith(("+", "~")):
+        return None
+    key, value = override.split("=", 1)
+    parts = key.split(".")
+    if len(parts) == 1 and (CONF_DIR / key).is_dir() and "," not in value:
+        options = group_options(key)
+        if value in options:
+            return None
+        close = difflib.get_close_matches(value, options, n=1)
+        return (f"{key}={value}: no such option in config group {key!r}"
+                + (f"; did you mean {key}={close[0]}?" if close else ".") + f" Options: {', '.join(options)}.")
+    node: Any = OmegaConf.structured(RunConfig)
+    for depth, part in enumerate(parts):
+        fields = list(node.keys()) if OmegaConf.is_dict(node) else []
+        if part in fields:
+            node = node[part]
+            continue
+        if not fields or _open_dict(node):
+            return None  # a free-form mapping (deepspeed profiles, chat_template_kwargs) or a list's element
+        where = ".".join(parts[:depth]) or "the run config"
+        close = difflib.get_close_matches(part, fields, n=1)
+        prefix = ".".join(parts[:depth] + [close[0]]) if close else None
+        return (f"{key}: no key {part!r} in {where}" + (f"; did you mean {prefix}?" if prefix else ".")
+                + f" Keys of {where}: {', '.join(fields)}.")
+    return None
+
+
+def _open_dict(node: Any) -> bool:
+    """A mapping whose keys are free (``dict[str, Any]`` in the schema), not a structured config's fields."""
+    return OmegaConf.is_dict(node) and OmegaConf.get_type(node) is dict
 
 
 def to_container(cfg: RunConfig | DictConfig) -> dict[str, Any]:

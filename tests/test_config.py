@@ -80,10 +80,13 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["agents=nope"], "Available options in 'agents'"),
+    (["agents=nope"], "agents=nope: no such option in config group 'agents'. Options: heterogeneous_14b"),
+    (["agents=heterogenous_32b"], "did you mean agents=heterogeneous_32b\\?"),
+    (["search.max_node=4"], "no key 'max_node' in search; did you mean search.max_nodes\\? Keys of search: strategy"),
     (["train.cycles=-1"], "train.cycles=-1"),
     (["train.cycles=abc"], "could not be converted to Integer"),
     (["+nonsense=1"], "unknown config key"),
+    (["+trian.cycles=1"], "Did you mean 'train' for 'trian'"),
     (["agents.members.1.shares_weights_with=qwen_tiny"], "heterogeneous preset needs"),
     (["agents.members.0.deepspeed=zero9"], "Profiles in conf/deepspeed/"),
     (["debug.fail_at=nowhere"], "debug.fail_at='nowhere' is unknown"),
@@ -120,7 +123,9 @@ def test_cli_cfg_job_prints_32b_config_without_touching_a_gpu():
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["agents=heterogeneous_32b"], "model path '/models/Qwen3-32B' does not exist"),
-    (["agents=nope"], "Available options in 'agents'"),
+    (["agents=nope"], "no such option in config group 'agents'"),
+    (["agents=heterogenous_32b"], "did you mean agents=heterogeneous_32b?"),
+    (["search.max_node=4"], "did you mean search.max_nodes?"),
     (["train.cycles=-1"], "train.cycles=-1"),
 ])
 def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
@@ -128,6 +133,7 @@ def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
     assert out.returncode != 0
     assert needle in out.stderr
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout
+    assert "search path" not in out.stderr.lower() and "HYDRA_FULL_ERROR" not in out.stderr
     assert not Path("/nonexistent-do-not-create").exists()
 
 

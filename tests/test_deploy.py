@@ -123,7 +123,7 @@ def test_a_sweep_with_a_bad_point_submits_nothing():
     from flows.deploy import submit_grid
 
     # fails while composing, before any Prefect call (no server here)
-    with pytest.raises(ConfigError, match="Available options in 'agents'"):
+    with pytest.raises(ConfigError, match="agents=nope: no such option in config group 'agents'"):
         submit_grid(["agents=tiny_cpu,nope"])
 
 
