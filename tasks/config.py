@@ -55,10 +55,10 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
     if unknown:
         import difflib
 
-        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, list(RunConfig.__dataclass_fields__), n=1))}
+        known = list(RunConfig.__dataclass_fields__)
+        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, known, n=1))}
         hint = "".join(f" Did you mean {m!r} for {k!r}?" for k, m in close.items())
-        raise ConfigError(f"unknown config key(s) {unknown}.{hint} Known top-level keys: "
-                          f"{', '.join(RunConfig.__dataclass_fields__)}.")
+        raise ConfigError(f"unknown config key(s) {unknown}.{hint} Known top-level keys: {', '.join(known)}.")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
         merged.deepspeed_profiles = deepspeed_profiles()

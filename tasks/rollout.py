@@ -48,7 +48,8 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
         sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
                                   max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
         with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
-            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, public_grader(ctx.grading(grading)), advance))
+            grade = public_grader(ctx.grading(grading))  # its slots within the run's CPU budget
+            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, grade, advance))
         release(runners)
         write_parquet(out / "trees.parquet", nodes)
         plot_trees(nodes, out / "trees.png")

@@ -50,10 +50,10 @@ def configure_process(temporary_server: bool = False) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
+        home = os.environ.get("MARS2_HOME", "unset: ./.mars2")
         raise SystemExit(f"mars2: the run folder cannot be used: {e.strerror or e} ({e.filename or root}). The run "
-                         f"folder is $MARS2_HOME (now {os.environ.get('MARS2_HOME', 'unset: ./.mars2')}) and its Prefect "
-                         "home $PREFECT_HOME; point them at a folder this user can create and write, e.g. "
-                         "MARS2_HOME=$HOME/mars2-runs.") from None
+                         f"folder is $MARS2_HOME (now {home}) and its Prefect home $PREFECT_HOME; point them at a "
+                         "folder this user can create and write, e.g. MARS2_HOME=$HOME/mars2-runs.") from None
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*SQLAlchemy.*")

@@ -326,4 +326,5 @@ def current_parameters() -> dict[str, Any]:
 
 
 __all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "cache_key_fn", "code_version",
-           "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest", "stage_dir"]
+           "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest",
+           "stage_dir"]

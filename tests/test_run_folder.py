@@ -33,32 +33,34 @@ def test_no_space_left_is_found_anywhere_in_the_chain(tmp_path):
     assert no_space_left(RuntimeError("ConnectError: connection refused"), tmp_path) is None
 
 
-def test_a_full_run_folder_is_refused_on_the_first_line(tmp_path):
-    """The flow's command on a run folder in an 8 MiB filesystem (a private mount namespace: nothing outside sees it)."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed")
-    home = tmp_path / "home"
-    home.mkdir()
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=8m tmpfs {home}"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {probe.stderr.strip()}")
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
-    env["MARS2_HOME"] = str(home)
-    script = f"mount -t tmpfs -o size=8m tmpfs {home} && exec {sys.executable} flows/train_cycle.py agents=tiny_cpu data=toy"
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode != 0
-    first = proc.stderr.strip().splitlines()[0]
-    assert first.startswith(f"mars2: no space left on {home}"), proc.stderr[-2000:]
-    assert "MiB free" in first and "Traceback" not in proc.stderr
-
-
 def _flow_with_home(home: str, *prefix: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
     env["MARS2_HOME"] = home
     return subprocess.run([*prefix, sys.executable, "flows/train_cycle.py", "agents=tiny_cpu", "data=toy"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def _flow_on_a_private_mount(tmp_path, options: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """The flow's command with its run folder on a tmpfs mounted with ``options`` in a private mount namespace
+    (nothing outside sees it); skips where the machine cannot do that."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    home = tmp_path / "home"
+    home.mkdir()
+    mount = f"mount -t tmpfs -o {options} tmpfs {home}"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a filesystem here: {probe.stderr.strip()}")
+    return home, _flow_with_home(str(home), "unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh")
+
+
+def test_a_full_run_folder_is_refused_on_the_first_line(tmp_path):
+    """The flow's command on a run folder in an 8 MiB filesystem."""
+    home, proc = _flow_on_a_private_mount(tmp_path, "size=8m")
+    assert proc.returncode != 0
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith(f"mars2: no space left on {home}"), proc.stderr[-2000:]
+    assert "MiB free" in first and "Traceback" not in proc.stderr
 
 
 def test_a_run_folder_that_is_not_a_folder_is_refused_in_one_paragraph(tmp_path):
@@ -70,17 +72,8 @@ def test_a_run_folder_that_is_not_a_folder_is_refused_in_one_paragraph(tmp_path)
 
 
 def test_a_read_only_run_folder_is_refused_in_one_paragraph(tmp_path):
-    """A read-only filesystem (mounted in a private namespace), which refuses even root."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed")
-    home = tmp_path / "home"
-    home.mkdir()
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {home}"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a filesystem here: {probe.stderr.strip()}")
-    script = f"mount -t tmpfs -o ro tmpfs {home} && exec \"$@\""
-    proc = _flow_with_home(str(home), "unshare", "-m", "sh", "-c", script, "sh")
+    """A read-only filesystem, which refuses even root."""
+    _, proc = _flow_on_a_private_mount(tmp_path, "ro")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().startswith("mars2: the run folder cannot be used: Read-only file system")
 

@@ -9,7 +9,8 @@ an id, every answer names the id it answers, and answers come back in the order 
     (id, "sample", version, prompt, sampling_params_dict, sample_seed) → (id, "ok", Generation)
     (id, "load", model_dir, version)                                   → (id, "ok", version)
     (id, "sleep")                                                      → (id, "ok", None)
-    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", "threads", engine counters})
+    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", "threads",
+                                                    engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
 

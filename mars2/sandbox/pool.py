@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mars2.cpu import usable_cpus
 from mars2.sandbox import isolation
 from mars2.sandbox.runner.wire import encode_frame, take_frame
 
@@ -537,8 +538,6 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
 
 def default_workers() -> int:
     """One slot per core this process may use (:func:`mars2.cpu.usable_cpus`)."""
-    from mars2.cpu import usable_cpus
-
     return usable_cpus()
 
 
