@@ -14,7 +14,8 @@ needs ``pip install -e .`` of the same code and ``MARS2_HOME`` pointing at the s
   run from the UI with ``["agents=heterogeneous_8b", "train.kl_coef=2e-3"]``; the flow composes the config exactly
   as ``python flows/train_cycle.py agents=heterogeneous_8b train.kl_coef=2e-3`` does.
 - ``sweep/<pool>``: submits one ``train-cycle`` run per point of a grid written in Hydra's ``-m`` syntax
-  (``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]``) and returns at once.
+  (``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]``), waits for them, and fails naming the
+  points that did not complete (``wait=False``: submit and return).
 - ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml``: one stage of a train cycle run
   with ``orchestration=pools`` (``tasks/stages.py``).
 
@@ -28,6 +29,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -78,30 +80,56 @@ def submit_grid(grid: Sequence[str], deployment: str = f"train-cycle/{DEFAULT_PO
 
 
 @flow(name="sweep")
-def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}") -> list[dict]:
+def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", wait: bool = True,
+          timeout_s: float | None = None) -> list[dict]:
     """One ``train-cycle`` flow run per point of ``grid`` — Hydra ``-m`` syntax, e.g.
-    ``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]`` (4 runs) — submitted without waiting."""
-    return [{"flow_run": r.name, "id": str(r.id), "overrides": r.parameters["overrides"]}
-            for r in submit_grid(grid, deployment, as_subflow=True)]
+    ``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]`` (4 runs).
+
+    With ``wait`` (the default) the sweep's own run lasts until every point has finished and ends Failed, naming
+    each point that did not complete, when any failed (or was still running after ``timeout_s``); without it, the
+    runs are submitted and the sweep completes at once."""
+    runs = submit_grid(grid, deployment, as_subflow=True)
+    rows = [{"flow_run": r.name, "id": str(r.id), "overrides": r.parameters["overrides"]} for r in runs]
+    if not wait:
+        return rows
+    states = wait_for(runs, math.inf if timeout_s is None else timeout_s)
+    for row in rows:
+        row["state"] = states[row["id"]]
+    if any(row["state"] != "Completed" for row in rows):
+        raise SweepFailed(failed_points(rows))
+    return rows
+
+
+class SweepFailed(RuntimeError):
+    """A waited-for sweep in which some point did not complete."""
+
+
+def failed_points(rows: Sequence[dict]) -> str:
+    """``1 of 4 sweep points did not complete: <flow run> [train.kl_coef=0.002] Failed; ...``: each point is named
+    by the overrides that vary across the grid (all of them for a one-point grid)."""
+    common = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    failed = [r for r in rows if r["state"] != "Completed"]
+    named = [f"{r['flow_run']} [{' '.join(o for o in r['overrides'] if o not in common)}] {r['state']}" for r in failed]
+    return f"{len(failed)} of {len(rows)} sweep points did not complete: " + "; ".join(named)
 
 
 def wait_for(runs: Iterable, timeout_s: float) -> dict[str, str]:
-    """Final state name of every flow run (``TIMEOUT`` for those still running after ``timeout_s``)."""
+    """Flow run id → final state name (``TIMEOUT`` for runs still going after ``timeout_s``)."""
     from prefect.client.orchestration import get_client
 
-    pending = {r.id: r.name for r in runs}
+    pending = [r.id for r in runs]
     states: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while pending and time.monotonic() < deadline:
-            for run_id, name in list(pending.items()):
+            for run_id in list(pending):
                 state = client.read_flow_run(run_id).state
                 if state is not None and state.is_final():
-                    states[name] = state.name
-                    del pending[run_id]
+                    states[str(run_id)] = state.name
+                    pending.remove(run_id)
             if pending:
                 time.sleep(2)
-    return {**states, **{name: "TIMEOUT" for name in pending.values()}}
+    return {**states, **{str(run_id): "TIMEOUT" for run_id in pending}}
 
 
 # ---------------------------------------------------------------- registration
@@ -212,9 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.wait:
         return 0
     states = wait_for(runs, args.timeout)
-    for name, state in states.items():
-        print(f"{name}: {state}")
-    return 0 if all(s == "Completed" for s in states.values()) else 1
+    for r in runs:
+        print(f"{r.name}: {states[str(r.id)]}")
+    rows = [{"flow_run": r.name, "overrides": r.parameters["overrides"], "state": states[str(r.id)]} for r in runs]
+    if any(row["state"] != "Completed" for row in rows):
+        print(f"mars2: {failed_points(rows)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -127,6 +127,20 @@ def test_a_sweep_with_a_bad_point_submits_nothing():
         submit_grid(["agents=tiny_cpu,nope"])
 
 
+def test_a_failed_sweep_names_its_failed_points_by_what_varies():
+    from flows.deploy import failed_points
+
+    grid = [["agents=tiny_cpu", "train.kl_coef=0.001", "train.cycles=1"],
+            ["agents=tiny_cpu", "train.kl_coef=0.002", "train.cycles=1"],
+            ["agents=tiny_cpu_single", "train.kl_coef=0.001", "train.cycles=1"]]
+    rows = [{"flow_run": f"run-{i}", "overrides": o, "state": s}
+            for i, (o, s) in enumerate(zip(grid, ["Completed", "Failed", "TIMEOUT"]))]
+    assert failed_points(rows) == ("2 of 3 sweep points did not complete: run-1 [agents=tiny_cpu train.kl_coef=0.002] "
+                                   "Failed; run-2 [agents=tiny_cpu_single train.kl_coef=0.001] TIMEOUT")
+    assert failed_points([{"flow_run": "a", "overrides": ["train.cycles=1"], "state": "Crashed"}]) == \
+        "1 of 1 sweep points did not complete: a [train.cycles=1] Crashed"
+
+
 # ---------------------------------------------------------------- stages on pools
 
 def _stage_names() -> list[str]:
@@ -352,7 +366,7 @@ def _run_deployment(stack, name: str, parameters: dict, timeout: int = 300) -> d
         "import json\n"
         "from prefect.deployments import run_deployment\n"
         f"run = run_deployment({name!r}, parameters={parameters!r}, timeout={timeout}, poll_interval=2)\n"
-        "print('RUN=' + json.dumps({'state': run.state.name, 'id': str(run.id)}))\n"
+        "print('RUN=' + json.dumps({'state': run.state.name, 'id': str(run.id), 'message': run.state.message}))\n"
     )
     out = subprocess.run([sys.executable, "-c", submit], cwd=ROOT, env=stack["env"], capture_output=True, text=True,
                          timeout=timeout + 60)
@@ -371,15 +385,22 @@ def _wait_final(stack, flow_name: str, select, n: int, timeout_s: float = 400) -
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(700)
 def test_default_flow_runs_from_its_deployment_submitted_by_the_sweep_deployment(stack):
     """What a person does in the UI: run ``sweep/cpu`` with a grid; it starts ``train-cycle/cpu`` runs on the cpu
-    pool's process worker (here a one-point grid: the default flow, made small)."""
-    sweep = _run_deployment(stack, "sweep/cpu", {"grid": SMALL})
-    assert sweep["state"] == "Completed", _logs(stack)
-    (run,) = _wait_final(stack, "train-cycle", lambda r: r["parent_task_run_id"], 1)  # the sweep run's child
-    assert run["state_type"] == "COMPLETED", _logs(stack)
-    assert run["parameters"] == {"overrides": SMALL} and run["work_pool_name"] == "cpu"
+    pool's process worker (here two points: the default flow made small, and one whose model does not exist). The
+    sweep's run waits for both and ends Failed, naming the failed point by the override that varies."""
+    missing = "/nonexistent/model"
+    sweep = _run_deployment(stack, "sweep/cpu", {"grid": [*SMALL, f"agents.members.0.model=tiny,{missing}"]},
+                            timeout=500)
+    assert sweep["state"] == "Failed", _logs(stack)
+    runs = _wait_final(stack, "train-cycle", lambda r: r["parent_task_run_id"], 2, timeout_s=30)  # its children
+    (run,) = [r for r in runs if r["state_type"] == "COMPLETED"]
+    (bad,) = [r for r in runs if r["state_type"] != "COMPLETED"]
+    assert f"1 of 2 sweep points did not complete: {bad['name']} [agents.members.0.model={missing}] Failed" \
+        in sweep["message"], sweep["message"]
+    assert run["parameters"] == {"overrides": [*SMALL, "agents.members.0.model=tiny"]}
+    assert run["work_pool_name"] == "cpu"
     table = _stage_table(stack, run["id"])
     assert set(table.index) == {"data", "agents", "rollout", "grading", "advantage", "update/qwen_tiny",
                                 "update/llama_tiny", "eval"}
