@@ -8,6 +8,7 @@ One code path: every entry point turns a list of Hydra command-line overrides in
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mars2.config import ConfigError, RunConfig, validate
+
+log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -87,9 +90,7 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     """``run`` placed by its plan (:func:`mars2.plan.placement.place`), after :func:`mars2.plan.require_fit` with
     ``check_fit``. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)
     cannot be planned here: that run goes on unplaced (its engines and update take the worker's first GPUs), with a
-    warning."""
-    import warnings
-
+    warning. The plan's own warnings (e.g. ZeRO-3 on one GPU where ZeRO-2 fits) are logged too."""
     from mars2.plan import ModelConfigNotFound, plan, require_fit
     from mars2.plan.placement import place
 
@@ -98,12 +99,23 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     except ModelConfigNotFound as e:
         if run.orchestration.mode != "pools":
             raise ConfigError(f"cannot plan the run: {e}") from None
-        warnings.warn(f"mars2: no resource plan at the flow's entry ({e}); the GPU workers check their own machines",
-                      stacklevel=2)
+        warn_in_flow_run(f"no resource plan at the flow's entry ({e}); the GPU workers check their own machines")
         return run
+    for agent in cp.agents:
+        for w in agent.warnings:
+            warn_in_flow_run(f"plan of {agent.name}: {w}")
     if check_fit:
         require_fit(cp)
     return place(run, cp)
+
+
+def warn_in_flow_run(message: str) -> None:
+    """Log a warning about the config once per run: inside the flow run (which forwards it to the Prefect run's logs),
+    not in the command line's check of the same config before the flow starts."""
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is not None:
+        log.warning(message)
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:

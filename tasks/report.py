@@ -53,24 +53,32 @@ class RunReport:
         self.run.log(lambda run_id: tracking.log_json(self.cfg, run_id, rows, f"cycle_{cycle}/summary.json"))
 
     def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None) -> dict:
-        """Log the stage table and ``run_metrics`` (e.g. ``engine_starts``), close the MLflow run, print the summary;
-        returns it as a dict.
+        """Log the stage table, ``run_metrics`` (e.g. ``engine_starts``) and the summary (``summary.md``), close the
+        MLflow run, print the summary and publish it to the Prefect flow run (:func:`publish_to_prefect`); returns
+        it as a dict.
 
         A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
         table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
+        run_metrics = run_metrics or {}
+        tables = self.summary_tables(table, eval_metrics)
         reused = self.run.reused if status == "FINISHED" else None
         if reused is None:
             run_id = self.run.needed()
-            tracking.log_metrics(self.cfg, run_id, run_metrics or {})
+            tracking.log_metrics(self.cfg, run_id, run_metrics)
             path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{run_id}.parquet", table)
             tracking.log_table(self.cfg, run_id, path, "summary")
             curves = self.eval_curves(run_id)
             if curves is not None:
                 tracking.log_table(self.cfg, run_id, curves)
+            tracking.log_text(self.cfg, run_id, self.markdown(status, tables, run_metrics), "summary.md")
+            if url := prefect_run_url():
+                tracking.set_tags(self.cfg, run_id, {"prefect.flow_run_url": url})
             tracking.end_run(self.cfg, run_id, status)
-        self._print(table, status, eval_metrics, run_metrics or {})
+        self._print(tables, run_metrics)
+        publish_to_prefect(self.markdown(status, tables, run_metrics), self.run.reused or self.run.id,
+                           tracking.run_link(self.cfg, self.run.reused or self.run.id))
         return {"run_id": reused or self.run.id, "status": status, "stages": self.rows, "eval": eval_metrics,
-                **(run_metrics or {}),
+                **run_metrics,
                 "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
                 "resumed": self.run.resumed}
 
@@ -87,25 +95,42 @@ class RunReport:
         folder.mkdir(parents=True, exist_ok=True)
         return plot_curves(pd.DataFrame(points), folder / "eval_curves.png")
 
-    def _print(self, table: pd.DataFrame, status: str, eval_metrics: dict[str, float],
-               run_metrics: dict[str, float]) -> None:
-        out = Table(title=f"{self.title} — {status}", show_lines=False)
-        for col in ("stage", "ran", "cached", "seconds"):
-            out.add_column(col, justify="left" if col == "stage" else "right")
-        if len(table):
-            for stage, g in table.groupby("stage", sort=False):
-                out.add_row(stage, str((g["status"] == "ran").sum()), str((g["status"] == "cached").sum()),
-                            f"{g['seconds'].sum():.1f}")
-        self.console.print(out)
+    def summary_tables(self, table: pd.DataFrame, eval_metrics: dict[str, float]) -> list[SummaryTable]:
+        """The stages (ran / cached / seconds), what each cycle did, and the held-out evaluation (before → after)."""
+        tables = [stage_table(table, f"{self.title} — stages")]
         if any(r["stage"] in ("rollout", "eval") for r in self.rows):
-            self.console.print(cycle_table(self.rows))
+            tables.append(cycle_table(self.rows))
         if eval_metrics:
             before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
-            self.console.print(evaluation_table(eval_metrics, before))
-        if run_metrics.get("engine_starts"):
-            how = "one per weight owner, kept for the run" if self.cfg.backend.persistent else \
-                "a model load per stage and weight owner: backend.persistent=false"
-            self.console.print(f"generation engines started: {run_metrics['engine_starts']} ({how})")
+            tables.append(evaluation_table(eval_metrics, before))
+        return tables
+
+    def engines_line(self, run_metrics: dict[str, float]) -> str | None:
+        if not run_metrics.get("engine_starts"):
+            return None
+        how = "one per weight owner, kept for the run" if self.cfg.backend.persistent else \
+            "a model load per stage and weight owner: backend.persistent=false"
+        return f"generation engines started: {run_metrics['engine_starts']:g} ({how})"
+
+    def markdown(self, status: str, tables: list[SummaryTable], run_metrics: dict[str, float]) -> str:
+        """The console summary as markdown: the Prefect run's summary artifact and the MLflow run's ``summary.md``."""
+        run_id = self.run.reused or self.run.id
+        lines = [f"# {self.title}: {status}", "",
+                 f"MLflow run [{run_id}]({tracking.run_link(self.cfg, run_id)}) in experiment "
+                 f"`{self.cfg.paths.experiment}` at `{tracking.tracking_uri(self.cfg)}`"
+                 + (" (every stage came from cache: the run of this command)" if self.run.reused else
+                    " (resumed: the earlier attempt of this command failed)" if self.run.resumed else ""), ""]
+        for t in tables:
+            lines += [t.markdown(), ""]
+        if engines := self.engines_line(run_metrics):
+            lines += [engines, ""]
+        return "\n".join(lines)
+
+    def _print(self, tables: list[SummaryTable], run_metrics: dict[str, float]) -> None:
+        for t in tables:
+            self.console.print(t)
+        if engines := self.engines_line(run_metrics):
+            self.console.print(engines)
         uri = tracking.tracking_uri(self.cfg)
         if self.run.reused:
             self.console.print("Every stage came from cache: nothing new to log, no new MLflow run.")
@@ -115,50 +140,118 @@ class RunReport:
             resumed = " (resumed: the earlier attempt of this command failed)" if self.run.resumed else ""
             self.console.print(f"MLflow run [bold]{self.run.id}[/]{resumed} in experiment "
                                f"'{self.cfg.paths.experiment}' at {uri}")
-        # MLflow 3's UI opens in its GenAI view unless the URL asks for the model-training one
-        page = f"#/experiments/{tracking.experiment_id(self.cfg)}/runs/{self.run.reused or self.run.id}" \
-               "?workflowType=machine_learning"
+        link = tracking.run_link(self.cfg, self.run.reused or self.run.id)
         if uri.startswith("sqlite"):
             self.console.print(f"  view it: mlflow ui --backend-store-uri {uri}")
-            self.console.print(f"  then open http://127.0.0.1:5000/{page}")
-        elif uri.startswith("http"):
-            self.console.print(f"  view it: {uri.rstrip('/')}/{page}")
+            self.console.print(f"  then open {link}")
+        else:
+            self.console.print(f"  view it: {link}")
         self.console.print(f"  artefacts: {self.cfg.paths.root}/artifacts")
 
 
-def cycle_table(rows: list[dict]) -> Table:
+def prefect_run_url() -> str | None:
+    """This flow run's page in the Prefect UI, where one outlives the run (None under the temporary server)."""
+    from prefect.runtime import flow_run
+
+    from tasks.runtime import prefect_server_outlives_run
+
+    return flow_run.ui_url if prefect_server_outlives_run() else None
+
+
+def publish_to_prefect(markdown: str, mlflow_run_id: str | None, mlflow_link: str) -> None:
+    """Show the run's results on its Prefect flow run page: the summary as a markdown artifact, a link artifact to the
+    MLflow run, and the tag ``mlflow:<run id>`` on the flow run (its list of runs can be filtered by it)."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    create_markdown_artifact(markdown, description="mars2 summary: stages, cycles, held-out evaluation")
+    if mlflow_run_id is None:
+        return
+    create_link_artifact(mlflow_link, link_text=f"MLflow run {mlflow_run_id}", description="the run's MLflow page")
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, tags=sorted({*flow_run.tags, f"mlflow:{mlflow_run_id}"}))
+
+
+@dataclass(frozen=True)
+class SummaryTable:
+    """A table of the run's summary: cells already formatted; printed by rich (``__rich__``) and as markdown."""
+
+    title: str
+    frame: pd.DataFrame
+    caption: str = ""
+
+    def __rich__(self) -> Table:
+        out = Table(title=self.title, min_width=len(self.title) + 2, caption=self.caption or None)
+        for i, col in enumerate(self.frame.columns):
+            out.add_column(str(col), justify="left" if i == 0 else "right")
+        for row in self.frame.itertuples(index=False):
+            out.add_row(*map(str, row))
+        return out
+
+    def markdown(self) -> str:
+        body = self.frame.to_markdown(index=False, colalign=["left"] + ["right"] * (self.frame.shape[1] - 1))
+        return "\n\n".join(x for x in (f"**{self.title}**", body, self.caption and f"_{self.caption}_") if x)
+
+
+def stage_table(table: pd.DataFrame, title: str) -> SummaryTable:
+    """Per stage (cycles together): how many times it ran or came from cache, and its seconds."""
+    rows = [{"stage": stage, "ran": int((g["status"] == "ran").sum()), "cached": int((g["status"] == "cached").sum()),
+             "seconds": f"{g['seconds'].sum():.1f}"} for stage, g in table.groupby("stage", sort=False)] \
+        if len(table) else []
+    return SummaryTable(title, pd.DataFrame(rows, columns=["stage", "ran", "cached", "seconds"]))
+
+
+def cycle_table(rows: list[dict]) -> SummaryTable:
     """What each cycle did, ran or cached: trees and nodes built, the share of refinements that refine another
     agent's program (the team at work in one tree), the rollouts' pass rate on the hidden tests, the share of flat
     trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the team's held-out
     Pass@1 where the cycle was evaluated ("before": the starting weights)."""
     owners = sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith("update/")})
-    out = Table(title="per cycle: cross-agent refinements, rollouts' pass rate, flat trees, mean |Â|, each agent's "
-                      "update loss / KL, the team's held-out Pass@1")
-    for col in ("cycle", "trees", "nodes", "x-agent", "pass", "flat", "|Â|", *owners, "Pass@1"):
-        out.add_column(col, justify="right")
 
     def pct(value) -> str:
         return "-" if value is None else f"{100 * value:.1f}%"
 
+    out = []
     for cycle in sorted({r["cycle"] for r in rows}):
         m = {r["stage"]: r["metrics"] for r in rows if r["cycle"] == cycle}
         if "rollout" not in m and "eval" not in m:
             continue
         rollout, grading, advantage = m.get("rollout", {}), m.get("grading", {}), m.get("advantage", {})
-        updates = []
+        updates = {}
         for o in owners:
             u = m.get(f"update/{o}", {})
-            updates.append("buffered" if u.get("skipped") else
-                           f"{u['loss']:.2g} / {u['kl']:.1g}" if "loss" in u else "-")
+            updates[o] = "buffered" if u.get("skipped") else f"{u['loss']:.2g} / {u['kl']:.1g}" if "loss" in u else "-"
         adv = advantage.get("advantage_abs_mean")
-        out.add_row(str(cycle) if cycle >= 0 else "before", str(int(rollout.get("n_problems", 0))),
-                    str(int(rollout.get("n_nodes", 0))), pct(rollout.get("cross_agent_refine_share")),
-                    pct(grading.get("pass_rate")), pct(advantage.get("flat_tree_share")),
-                    "-" if adv is None else f"{adv:.3f}", *updates, pct(m.get("eval", {}).get("team/pass_at_1")))
-    return out
+        out.append({"cycle": str(cycle) if cycle >= 0 else "before", "trees": str(int(rollout.get("n_problems", 0))),
+                    "nodes": str(int(rollout.get("n_nodes", 0))), "x-agent": pct(rollout.get("cross_agent_refine_share")),
+                    "pass": pct(grading.get("pass_rate")), "flat": pct(advantage.get("flat_tree_share")),
+                    "|Â|": "-" if adv is None else f"{adv:.3f}", **updates,
+                    "Pass@1": pct(m.get("eval", {}).get("team/pass_at_1"))})
+    columns = ["cycle", "trees", "nodes", "x-agent", "pass", "flat", "|Â|", *owners, "Pass@1"]
+    return SummaryTable("per cycle: cross-agent refinements, rollouts' pass rate, flat trees, mean |Â|, each agent's "
+                        "update loss / KL, the team's held-out Pass@1", pd.DataFrame(out, columns=columns))
 
 
-def evaluation_table(metrics: dict[str, float], before: dict[str, float] | None = None) -> Table:
+DIVERSITY = {"da_at_": "distinct algorithms among {k} correct programs (DA@{k})",
+             "aec": "effective number of algorithm classes (AEC)",
+             "g_vendi": "Vendi score of their AST embeddings (G-Vendi)"}
+
+
+def diversity_caption(metrics: dict[str, float]) -> str:
+    """The team tree's diversity of correct programs in words: ``distinct algorithms among 4 correct programs
+    (DA@4) 1.50, ...`` (definitions: docs/eval.md)."""
+    parts = []
+    for key, v in sorted(metrics.items()):
+        name = key.removeprefix("team/")
+        if key.startswith("team/") and key.count("/") == 1 and v == v:
+            for prefix, words in DIVERSITY.items():
+                if name.startswith(prefix):
+                    parts.append(f"{words.format(k=name.removeprefix(prefix))} {v:.2f}")
+    return "diversity of the team tree's correct programs (docs/eval.md): " + ", ".join(parts) if parts else ""
+
+
+def evaluation_table(metrics: dict[str, float], before: dict[str, float] | None = None) -> SummaryTable:
     """The paper's layout: one row per agent and the team × Pass@1, Pass@1(MCTS), Pass@N (T+ variants); with
     ``before`` (the evaluation of the starting weights), each cell reads "before → after"."""
     from mars2.eval.report import headline
@@ -177,15 +270,6 @@ def evaluation_table(metrics: dict[str, float], before: dict[str, float] | None 
     n = int(metrics.get("n_problems", 0))
     public = " — public tests stand in for hidden ones" if metrics.get("graded_on_public_tests") else ""
     change = ", before → after training" if start is not None else ""
-    title = f"held-out evaluation ({n} problems{public}{change})"
-    out = Table(title=title, min_width=len(title) + 2)  # the title on one line
-    out.add_column("")
-    for col in table.columns:
-        out.add_column(names.get(col, col), justify="right")
-    for who, row in table.iterrows():
-        out.add_row(str(who), *(cell(who, col, v) for col, v in row.items()))
-    div = [f"{k.split('/')[1]} {v:.2f}" for k, v in sorted(metrics.items())
-           if k.startswith("team/") and k.split("/")[1].startswith(("da_at_", "aec", "g_vendi")) and k.count("/") == 1]
-    if div:
-        out.caption = "team diversity (docs/eval.md): " + ", ".join(div)
-    return out
+    frame = pd.DataFrame([{"": str(who), **{names.get(col, col): cell(who, col, v) for col, v in row.items()}}
+                          for who, row in table.iterrows()])
+    return SummaryTable(f"held-out evaluation ({n} problems{public}{change})", frame, diversity_caption(metrics))

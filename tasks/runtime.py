@@ -34,6 +34,10 @@ def configure_process(temporary_server: bool = False) -> None:
         # the embedded server needs more than Prefect's 20 s to start on a loaded 2-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "DO_NOT_TRACK": "1",
+        # mars2's own warnings (sandbox level, planner, stale stage folders) reach the Prefect run's logs (its UI);
+        # records outside a run (a sandbox thread, the command line's checks) stay on the console and in the log file
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "mars2,tasks",
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         # read when torch loads OpenMP, so set here: an idle OpenMP thread sleeps instead of spinning, which on a
         # machine shared by several runs takes the cores their threads need (docs/cpu.md)
         "OMP_WAIT_POLICY": "PASSIVE",
@@ -181,6 +185,14 @@ def temporary_server_url(timeout_s: float = 120.0) -> str | None:
                            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
     finally:
         _release_start_lock()
+
+
+def prefect_server_outlives_run() -> bool:
+    """This process talks to a Prefect server that stays up after the run (``PREFECT_API_URL``), not to the temporary
+    one it started or to Prefect's ephemeral one."""
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value()) and "proc" not in _server
 
 
 def stop_temporary_server() -> None:

@@ -406,6 +406,28 @@ def log_table(cfg: RunConfig, run_id: str, path: Path, artifact_path: str = "") 
     _client(tracking_uri(cfg)).log_artifact(run_id, str(path), artifact_path=artifact_path or None)
 
 
+def log_text(cfg: RunConfig, run_id: str, text: str, artifact_file: str) -> None:
+    _client(tracking_uri(cfg)).log_text(run_id, text, artifact_file)
+
+
+def set_tags(cfg: RunConfig, run_id: str, tags: dict[str, str]) -> None:
+    client = _client(tracking_uri(cfg))
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+UI_URL_ENV = "MARS2_MLFLOW_UI_URL"  # where people open the MLflow UI, when the tracking URI is not it (docs/team.md)
+
+
+def run_link(cfg: RunConfig, run_id: str | None) -> str:
+    """The run's page in the MLflow UI: under ``$MARS2_MLFLOW_UI_URL``, else the tracking server, else
+    ``http://127.0.0.1:5000`` (``mlflow ui`` on a SQLite store). MLflow 3's UI opens in its GenAI view unless the URL
+    asks for the model-training one."""
+    uri = tracking_uri(cfg)
+    base = os.environ.get(UI_URL_ENV) or (uri if uri.startswith("http") else "http://127.0.0.1:5000")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id(cfg)}/runs/{run_id}?workflowType=machine_learning"
+
+
 def end_run(cfg: RunConfig, run_id: str, status: str) -> None:
     _client(tracking_uri(cfg)).set_terminated(run_id, status=status)
 

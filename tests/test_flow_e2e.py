@@ -195,6 +195,34 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     assert {"rollout", "grading", "advantage", "eval"} <= set(stages) and "mean_reward" in stages["advantage"]["metrics"]
 
 
+def test_the_prefect_run_shows_the_summary_and_links_to_the_mlflow_run(runs):
+    """The Prefect flow run page (run B reported to a lasting server): the summary as a markdown artifact, a link
+    artifact to the MLflow run, the tag ``mlflow:<run id>``; the MLflow run carries the flow run's URL and the same
+    summary as ``summary.md``."""
+    import httpx
+    from flowenv import prefect_api_url
+
+    home, run_id = runs["home"], runs["ids"][1]
+    tags = dict(_mlflow(home, "select key, value from tags where run_uuid=?", run_id))
+    flow_run_id, api = tags["prefect.flow_run_id"], prefect_api_url()
+    url = tags["prefect.flow_run_url"]  # Prefect's own URL for it (prefect.runtime.flow_run.ui_url)
+    assert url.startswith(api.removesuffix("/api") + "/") and url.endswith(f"/flow-run/{flow_run_id}")
+    flow_run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+    assert f"mlflow:{run_id}" in flow_run["tags"]
+    artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}},
+                           timeout=10).json()
+    (summary,) = [a["data"] for a in artifacts if a["data"].startswith("# mars2 train cycle: FINISHED")]
+    (link,) = [a["data"] for a in artifacts if a["data"].startswith(f"[MLflow run {run_id}](")]  # Prefect's markdown
+    url = link.split("](")[1].removesuffix(")")
+    assert url.endswith(f"/runs/{run_id}?workflowType=machine_learning") and len(artifacts) == 2
+    assert f"MLflow run [{run_id}]({url})" in summary
+    assert "| grading " in summary and "**per cycle:" in summary and "**held-out evaluation" in summary
+    team = next(line for line in summary.splitlines() if line.startswith("| team"))
+    assert team.count("→") == 3  # before → after, as on the console
+    (logged,) = [p for p in (home / "mlartifacts").rglob("summary.md") if run_id in str(p)]
+    assert logged.read_text() == summary
+
+
 def test_grading_verdicts_come_from_the_sandbox(runs):
     verdicts = pd.concat(pd.read_parquet(p) for p in (runs["home"] / "artifacts" / "grading").rglob("verdicts.parquet")
                          if ".altered-" not in str(p))  # the folder D's rewritten file was moved to
