@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from tasks.runtime import configure_process, use_cpu_budget
@@ -80,6 +81,8 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                 verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
                 routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
                                      cycle)
+                run.log(partial(tracking.log_tree_views, cfg, trees=trees, verdicts=verdicts, routed=routed,
+                                cycle=cycle))
                 updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
                                                             routed, cycle, cfg.search.temperature)
                            for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally

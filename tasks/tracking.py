@@ -17,8 +17,8 @@ from typing import Any
 from mars2.config import RunConfig
 from tasks.stage import StageRecord
 
-ARTEFACTS_TO_LOG = ("verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json", "trees.png",
-                    "samples.parquet", "eval_trees.parquet", "by_difficulty.png")
+ARTEFACTS_TO_LOG = ("trees.parquet", "verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json",
+                    "trees.png", "samples.parquet", "eval_trees.parquet", "by_difficulty.png")
 
 
 def tracking_uri(cfg: RunConfig) -> str:
@@ -368,21 +368,59 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+FACT_STAGES = ("data", "agents")  # their numbers (dataset counts, parameter counts) describe the run, never move
+
+
 def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, prefix: str | None = None) -> None:
-    """Metrics as ``<stage>/<name>`` at ``step`` (= cycle); its tables as artefacts under ``cycle_<step>/<stage>/``
-    (``before/<stage>/`` for step -1: the evaluation of the starting weights)."""
-    from mlflow.entities import Metric
+    """Metrics as ``<stage>/<name>`` at ``step`` (= cycle) — for the stages of :data:`FACT_STAGES` params of those
+    names instead, so that the metrics are the numbers that move — and ``<stage>/seconds``; its tables as artefacts
+    under ``cycle_<step>/<stage>/`` (``before/<stage>/`` for step -1: the evaluation of the starting weights), each
+    Parquet table with a CSV preview beside it (:func:`preview_csv`)."""
+    from mlflow.entities import Metric, Param
 
     client = _client(tracking_uri(cfg))
     now = int(time.time() * 1000)
     name = prefix or record.stage
-    metrics = [Metric(f"{name}/{k}", float(v), now, step) for k, v in record.metrics.items()]
+    facts = record.stage in FACT_STAGES
+    metrics = [] if facts else [Metric(f"{name}/{k}", float(v), now, step) for k, v in record.metrics.items()]
     metrics.append(Metric(f"{name}/seconds", record.seconds, now, step))
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i : i + 500])
+    params = [Param(f"{name}/{k}", f"{v:g}") for k, v in record.metrics.items()] if facts else []
+    for i in range(0, max(len(metrics), len(params)), 100):
+        client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100])
+    folder = f"{cycle_folder(step)}/{record.stage}"
     for f in record.files:
         if Path(f).name in ARTEFACTS_TO_LOG:
-            client.log_artifact(run_id, str(record.path(f)), artifact_path=f"{cycle_folder(step)}/{record.stage}")
+            client.log_artifact(run_id, str(record.path(f)), artifact_path=folder)
+            if f.endswith(".parquet"):
+                log_preview(client, run_id, record.path(f), folder)
+
+
+PREVIEW_ROWS, PREVIEW_CHARS = 2000, 200
+
+
+def preview_csv(table: Path, out: Path) -> Path:
+    """``out/<name>.csv``: the first :data:`PREVIEW_ROWS` rows of a Parquet table as CSV, the MLflow UI's table preview
+    (it shows none for Parquet); text longer than :data:`PREVIEW_CHARS` characters is cut (…), and columns of token
+    ids or log-probs are left out. The Parquet file beside it is the data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(table)
+    flat = [f.name for f in source.schema_arrow if not pa.types.is_nested(f.type) and not pa.types.is_binary(f.type)]
+    batch = next(source.iter_batches(batch_size=PREVIEW_ROWS, columns=flat), None)
+    frame = (batch.to_pandas() if batch is not None else source.schema_arrow.empty_table().select(flat).to_pandas())
+    for c in frame.select_dtypes(include=["object", "string"]).columns:
+        frame[c] = frame[c].map(lambda v: v[:PREVIEW_CHARS] + "…" if isinstance(v, str) and len(v) > PREVIEW_CHARS else v)
+    path = out / f"{table.stem}.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def log_preview(client, run_id: str, table: Path, artifact_path: str | None) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        client.log_artifact(run_id, str(preview_csv(table, Path(tmp))), artifact_path=artifact_path)
 
 
 def cycle_folder(cycle: int) -> str:
@@ -403,7 +441,11 @@ def log_json(cfg: RunConfig, run_id: str, obj: Any, artifact_file: str) -> None:
 
 
 def log_table(cfg: RunConfig, run_id: str, path: Path, artifact_path: str = "") -> None:
-    _client(tracking_uri(cfg)).log_artifact(run_id, str(path), artifact_path=artifact_path or None)
+    """A file as an artefact; a Parquet table with its CSV preview (:func:`preview_csv`)."""
+    client = _client(tracking_uri(cfg))
+    client.log_artifact(run_id, str(path), artifact_path=artifact_path or None)
+    if path.suffix == ".parquet":
+        log_preview(client, run_id, path, artifact_path or None)
 
 
 def log_text(cfg: RunConfig, run_id: str, text: str, artifact_file: str) -> None:
@@ -433,6 +475,36 @@ def end_run(cfg: RunConfig, run_id: str, status: str) -> None:
 
 
 FINAL_WEIGHTS = "final_weights.json"
+
+
+TREE_VIEWS = 4  # trees drawn per cycle, one image each
+
+
+def log_tree_views(cfg: RunConfig, run_id: str, trees: StageRecord, verdicts: StageRecord, routed: StageRecord,
+                   cycle: int) -> None:
+    """``cycle_<c>/trees/<problem>.png`` for the cycle's first :data:`TREE_VIEWS` trees: each node's agent, hidden
+    verdict, reward and advantage (:func:`mars2.search.tree_stats.plot_tree`)."""
+    import tempfile
+
+    import pandas as pd
+
+    from mars2.search.tree_stats import plot_tree
+
+    nodes = pd.read_parquet(trees.path("trees.parquet"), columns=["problem_id", "node_id", "parent", "agent"])
+    first = list(dict.fromkeys(nodes["problem_id"]))[:TREE_VIEWS]
+    nodes = nodes[nodes["problem_id"].isin(first)]
+    hidden = pd.read_parquet(verdicts.path("verdicts.parquet"), columns=["problem_id", "node_id", "status", "reward"])
+    parts = [pd.read_parquet(routed.path(f), columns=["problem_id", "node_id", "advantage"])
+             for f in routed.files if f.startswith("routed/")]
+    advantage = pd.concat(parts) if parts else pd.DataFrame(columns=["problem_id", "node_id", "advantage"])
+    table = nodes.merge(hidden, on=["problem_id", "node_id"], how="left").merge(
+        advantage, on=["problem_id", "node_id"], how="left")
+    client = _client(tracking_uri(cfg))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (pid, tree) in enumerate(table.groupby("problem_id", sort=False)):
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(pid))
+            image = plot_tree(tree, Path(tmp) / f"{i}_{safe}.png", f"cycle {cycle} · problem {pid}")
+            client.log_artifact(run_id, str(image), artifact_path=f"{cycle_folder(cycle)}/trees")
 
 
 def log_final_weights(cfg: RunConfig, run_id: str, model_dirs: dict[str, str]) -> None:

@@ -188,6 +188,16 @@ def test_mlflow_run_has_params_metrics_tags_and_artefacts(runs):
     art = home / "mlartifacts"
     assert list(art.rglob("config.yaml")) and list(art.rglob("verdicts.parquet")) and list(art.rglob("summary/*.parquet"))
     assert list(art.rglob("trees.png"))
+    # what the MLflow UI can show: a CSV preview beside each table, one readable image per tree, the trees' table
+    mine = [p.as_posix().split(f"/{run_id}/artifacts/", 1)[1] for p in art.rglob("*")
+            if p.is_file() and f"/{run_id}/artifacts/" in p.as_posix()]
+    assert {"cycle_1/grading/verdicts.csv", "cycle_1/rollout/trees.parquet", "cycle_1/rollout/trees.csv",
+            "cycle_1/evaluation/results.csv", f"summary/{run_id}.csv", "summary.md"} <= set(mine), sorted(mine)
+    assert len([p for p in mine if p.startswith("cycle_1/trees/") and p.endswith(".png")]) == 3  # 3 problems a cycle
+    assert "code" in pd.read_csv(next(art.rglob("cycle_1/rollout/trees.csv"))).columns  # token ids left out
+    # dataset and parameter counts are params (they never move): the metrics are the numbers that change
+    assert int(params["data/n_train"]) > 0 and "agents/qwen_tiny/params" in params
+    assert not {k for k in keys if k.startswith(("data/", "agents/"))} - {"data/seconds", "agents/seconds"}
     import json
 
     (summary,) = [p for p in art.rglob("cycle_1/summary.json") if run_id in str(p)]
