@@ -124,6 +124,8 @@ class RunReport:
             lines += [t.markdown(), ""]
         if engines := self.engines_line(run_metrics):
             lines += [engines, ""]
+        lines += ["**Terms** (metric names in MLflow; docs/eval.md, docs/training.md)", ""]
+        lines += [f"- `{term}`: {meaning}" for term, meaning in GLOSSARY.items()]
         return "\n".join(lines)
 
     def _print(self, tables: list[SummaryTable], run_metrics: dict[str, float]) -> None:
@@ -147,6 +149,22 @@ class RunReport:
         else:
             self.console.print(f"  view it: {link}")
         self.console.print(f"  artefacts: {self.cfg.paths.root}/artifacts")
+
+
+GLOSSARY = {
+    "x-agent, cross_agent_refine_share": "share of refinements in which an agent refines another agent's program",
+    "pass, grading/pass_rate": "share of the rollout's programs that pass the hidden tests (reward 1)",
+    "flat, flat_tree_share": "share of trees whose rewards are all equal: no advantage, nothing trained",
+    "|Â|, advantage_abs_mean": "mean absolute advantage of the trained nodes",
+    "loss / KL": "each weight owner's update loss and its KL to the reference policy",
+    "tis_vetoed": "share of sequences given weight 0 by truncated importance sampling (a token's ratio to the rollout "
+                  "policy below train.tis_veto)",
+    "clip_frac": "share of tokens whose GSPO/PPO ratio was clipped",
+    "pass_at_1, pass_at_1_mcts, pass_at_n": "held-out Pass@1 of i.i.d. samples, of the tree's final node (best "
+                                            "public score, latest on ties), and of any node of the tree",
+    "da_at_K, aec, g_vendi": "diversity of the team tree's correct programs: distinct algorithms among K, effective "
+                             "number of algorithm classes, Vendi score of their AST embeddings",
+}
 
 
 def prefect_run_url() -> str | None:
