@@ -83,7 +83,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
                                                 cfg.data.max_eval_problems), cycle=0, label="eval")
             metrics = result.metrics
         except BaseException:
-            report.finish("FAILED", metrics, {"engine_starts": engines.starts})
+            report.finish("FAILED", metrics, {"engine_starts": engines.starts}, stage.failed)
             raise
         return report.finish("FINISHED", metrics, {"engine_starts": engines.starts})
 

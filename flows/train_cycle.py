@@ -101,7 +101,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
             final = {name: model_dir(w, name) for name, w in weights.items()}
             run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
         except BaseException:
-            report.finish("FAILED", eval_metrics, {"engine_starts": engines.starts})
+            report.finish("FAILED", eval_metrics, {"engine_starts": engines.starts}, stage.failed)
             raise
         return report.finish("FINISHED", eval_metrics, {"engine_starts": engines.starts})
 

@@ -55,8 +55,9 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
     # SIGTERM (a scheduler, `kill`) exits through Python's unwinding, so the temporary server is stopped; the default
     # handler would leave it running with no parent
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    log_file = None
     try:
-        with _temporary_server():
+        with _temporary_server(), _run_log(root) as log_file:
             flow(overrides)
     except BaseException as e:
         if _interrupted:  # whatever the signal's unwinding became on its way out of Prefect (a connection error)
@@ -71,8 +72,9 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         if full is not None:
             sys.exit(f"mars2: {full}: the {what} failed: {type(e).__name__}: {e}\n"
                      "Free some space there and run the same command again: finished stages come back from cache.")
+        where = f" The traceback is in {log_file}." if log_file else ""
         sys.exit(f"mars2: the {what} failed: {type(e).__name__}: {e}\n"
-                 "Fix the cause and run the same command again: finished stages come back from cache.")
+                 f"Fix the cause and run the same command again: finished stages come back from cache.{where}")
 
 
 def no_space_left(error: BaseException, root: Path) -> str | None:
@@ -119,6 +121,50 @@ def _temporary_server():
         return
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield
+
+
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # Prefect's run loggers: states, errors with tracebacks
+
+
+@contextlib.contextmanager
+def _run_log(root: Path):
+    """Everything this run logs at INFO and above — Prefect's task and flow run states, their tracebacks, mars2's
+    warnings — goes to ``<root>/logs/<time>-<pid>.log``; the console keeps warnings, and leaves a failed stage's
+    tracebacks to that file (the run ends with one paragraph naming it). ``PREFECT_LOGGING_LEVEL`` set by the user
+    (e.g. ``INFO``) keeps Prefect's own console output as it is. Yields the file (None if it cannot be written)."""
+    import logging
+    import time
+
+    try:
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        path = root / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        handler = logging.FileHandler(path, delay=True)
+    except OSError:
+        yield None
+        return
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    top = logging.getLogger()
+    quiet = _quiet_run_errors if "PREFECT_LOGGING_LEVEL" not in os.environ else None
+    consoles = [h for h in top.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    top.addHandler(handler)
+    for h in consoles if quiet else ():
+        h.addFilter(quiet)
+    try:
+        yield path
+    finally:
+        top.removeHandler(handler)
+        handler.close()
+        for h in consoles if quiet else ():
+            h.removeFilter(quiet)
+
+
+def _quiet_run_errors(record) -> bool:
+    """Console filter: not a Prefect run's error records (the traceback of a failed stage, twice)."""
+    import logging
+
+    return not (record.name.startswith(RUN_LOGGERS) and record.levelno >= logging.ERROR)
 
 
 _interrupted: list[tuple[int, list[str]]] = []  # (signal, the stages it stopped)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,12 +53,15 @@ class RunReport:
         rows = [r for r in self.rows if r["cycle"] == cycle]
         self.run.log(lambda run_id: tracking.log_json(self.cfg, run_id, rows, f"cycle_{cycle}/summary.json"))
 
-    def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None) -> dict:
-        """Log the stage table, ``run_metrics`` (e.g. ``engine_starts``) and the summary (``summary.md``), close the
-        MLflow run, print the summary and publish it to the Prefect flow run (:func:`publish_to_prefect`); returns
-        it as a dict.
+    def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None,
+               failed: Sequence[str] = ()) -> dict:
+        """Log the stage table (with the ``failed`` stages, by task run name), ``run_metrics`` (e.g.
+        ``engine_starts``) and the summary (``summary.md``), close the MLflow run, print the summary and publish it to
+        the Prefect flow run (:func:`publish_to_prefect`); returns it as a dict.
 
         A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
+        self.rows += [{"cycle": cycle_of(name), "stage": name, "status": "failed", "seconds": 0.0, "key": "",
+                       "dir": "", "metrics": {}} for name in failed]
         table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
         run_metrics = run_metrics or {}
         tables = self.summary_tables(table, eval_metrics)
@@ -193,19 +197,21 @@ def publish_to_prefect(markdown: str, mlflow_run_id: str | None, mlflow_link: st
 
 @dataclass(frozen=True)
 class SummaryTable:
-    """A table of the run's summary: cells already formatted; printed by rich (``__rich__``) and as markdown."""
+    """A table of the run's summary: cells already formatted; printed by rich and as markdown."""
 
     title: str
     frame: pd.DataFrame
     caption: str = ""
 
-    def __rich__(self) -> Table:
-        out = Table(title=self.title, min_width=len(self.title) + 2, caption=self.caption or None)
+    def __rich_console__(self, console, options):
+        # the title on one line where the console is wide enough, not a table stretched past it
+        out = Table(title=self.title, min_width=min(len(self.title) + 2, options.max_width),
+                    caption=self.caption or None)
         for i, col in enumerate(self.frame.columns):
             out.add_column(str(col), justify="left" if i == 0 else "right")
         for row in self.frame.itertuples(index=False):
             out.add_row(*map(str, row))
-        return out
+        yield out
 
     def markdown(self) -> str:
         body = self.frame.to_markdown(index=False, colalign=["left"] + ["right"] * (self.frame.shape[1] - 1))
@@ -213,11 +219,22 @@ class SummaryTable:
 
 
 def stage_table(table: pd.DataFrame, title: str) -> SummaryTable:
-    """Per stage (cycles together): how many times it ran or came from cache, and its seconds."""
-    rows = [{"stage": stage, "ran": int((g["status"] == "ran").sum()), "cached": int((g["status"] == "cached").sum()),
-             "seconds": f"{g['seconds'].sum():.1f}"} for stage, g in table.groupby("stage", sort=False)] \
-        if len(table) else []
+    """Per stage (cycles together): how many times it ran or came from cache, and its seconds; a stage that failed
+    (by its Prefect task run name, e.g. ``advantage-c0``) with ``FAILED``."""
+    rows = [{"stage": stage, "ran": str((g["status"] == "ran").sum()), "cached": str((g["status"] == "cached").sum()),
+             "seconds": f"{g['seconds'].sum():.1f}"} for stage, g in table.groupby("stage", sort=False)
+            if (g["status"] != "failed").all()] if len(table) else []
+    failed = table[table["status"] == "failed"] if len(table) else table
+    rows += [{"stage": r.stage, "ran": "FAILED", "cached": "", "seconds": ""} for r in failed.itertuples()]
     return SummaryTable(title, pd.DataFrame(rows, columns=["stage", "ran", "cached", "seconds"]))
+
+
+def cycle_of(task_run_name: str) -> int | None:
+    """``rollout-c3`` → 3, ``evaluation-c-1`` → -1 (the stages' task run names end in their cycle)."""
+    import re
+
+    found = re.search(r"-c(-?\d+)$", task_run_name)
+    return int(found.group(1)) if found else None
 
 
 def cycle_table(rows: list[dict]) -> SummaryTable:
@@ -247,8 +264,10 @@ def cycle_table(rows: list[dict]) -> SummaryTable:
                     "|Â|": "-" if adv is None else f"{adv:.3f}", **updates,
                     "Pass@1": pct(m.get("eval", {}).get("team/pass_at_1"))})
     columns = ["cycle", "trees", "nodes", "x-agent", "pass", "flat", "|Â|", *owners, "Pass@1"]
-    return SummaryTable("per cycle: cross-agent refinements, rollouts' pass rate, flat trees, mean |Â|, each agent's "
-                        "update loss / KL, the team's held-out Pass@1", pd.DataFrame(out, columns=columns))
+    return SummaryTable("per cycle", pd.DataFrame(out, columns=columns),
+                        "x-agent: refinements of another agent's program · pass: rollouts passing the hidden tests · "
+                        "flat: trees with equal rewards (nothing trained) · |Â|: mean |advantage| · "
+                        f"{', '.join(owners) or 'each agent'}: update loss / KL · Pass@1: the team's, held out")
 
 
 DIVERSITY = {"da_at_": "distinct algorithms among {k} correct programs (DA@{k})",

@@ -58,15 +58,27 @@ def bound(root: str | Path, orchestration: OrchestrationConfig | None = None) ->
     storage = Path(root).resolve() / RESULTS_DIR
     storage.mkdir(parents=True, exist_ok=True)
     tasks = {name: t.with_options(result_storage=storage) for name, t in ALL.items()}
+    failed: list[str] = []  # task run names of the stages that raised, e.g. "update-qwen_tiny-c0"
     if orchestration is None or orchestration.mode == "local":
-        return SimpleNamespace(**{name: LocalStage(t) for name, t in tasks.items()})
+        return SimpleNamespace(failed=failed, **{name: LocalStage(t, failed) for name, t in tasks.items()})
     check_dispatch(orchestration)
     pool = {name: orchestration.pools.get(t.name, orchestration.flow_pool) for name, t in tasks.items()}
     executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mars2-dispatch")
-    return SimpleNamespace(**{
-        name: LocalStage(t) if pool[name] == orchestration.flow_pool
-        else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor)
+    return SimpleNamespace(failed=failed, **{
+        name: LocalStage(t, failed) if pool[name] == orchestration.flow_pool
+        else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor, failed)
         for name, t in tasks.items()})
+
+
+def task_run_name(task, arguments: dict[str, Any]) -> str:
+    """The name a stage's task run gets for these arguments (``rollout-c0``)."""
+    return (task.task_run_name or task.name).format(**arguments)
+
+
+def bind_arguments(task, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    call = inspect.signature(task.fn).bind(*args, **kwargs)
+    call.apply_defaults()
+    return dict(call.arguments)
 
 
 def check_dispatch(orchestration: OrchestrationConfig) -> None:
@@ -81,42 +93,53 @@ def check_dispatch(orchestration: OrchestrationConfig) -> None:
 
 
 class LocalStage:
-    """A stage task run in this process."""
+    """A stage task run in this process; one that raises is named in ``failed``."""
 
-    def __init__(self, task):
-        self.task = task
+    def __init__(self, task, failed: list[str] | None = None):
+        self.task, self.failed = task, [] if failed is None else failed
 
     def __call__(self, *args: Any, **kwargs: Any) -> StageRecord:
-        return self.task(*args, **kwargs)
+        try:
+            return self.task(*args, **kwargs)
+        except Exception:
+            self.failed.append(task_run_name(self.task, bind_arguments(self.task, args, kwargs)))
+            raise
 
     def submit(self, *args: Any, **kwargs: Any) -> Future:
         """Runs the stage now (stages in one process run one at a time) and returns its finished future."""
         done: Future = Future()
-        done.set_result(self.task(*args, **kwargs))
+        done.set_result(self(*args, **kwargs))
         return done
 
 
 class PoolStage:
     """A stage run as a flow run of ``stage/<pool>`` on that work pool's workers."""
 
-    def __init__(self, name: str, task, pool: str, timeout_s: float | None, executor: ThreadPoolExecutor):
+    def __init__(self, name: str, task, pool: str, timeout_s: float | None, executor: ThreadPoolExecutor,
+                 failed: list[str]):
         self.name, self.task, self.pool, self.timeout_s, self.executor = name, task, pool, timeout_s, executor
+        self.failed = failed
 
     def __call__(self, *args: Any, **kwargs: Any) -> StageRecord:
         return self.submit(*args, **kwargs).result()
 
     def submit(self, *args: Any, **kwargs: Any) -> Future:
-        call = inspect.signature(self.task.fn).bind(*args, **kwargs)
-        call.apply_defaults()
         context = contextvars.copy_context()  # keeps the flow run context: the stage shows as a subflow
-        return self.executor.submit(context.run, self._dispatch, dict(call.arguments))
+        return self.executor.submit(context.run, self._dispatch, bind_arguments(self.task, args, kwargs))
 
     def _dispatch(self, arguments: dict[str, Any]) -> StageRecord:
+        try:
+            return self._run(arguments)
+        except Exception:
+            self.failed.append(task_run_name(self.task, arguments))
+            raise
+
+    def _run(self, arguments: dict[str, Any]) -> StageRecord:
         from prefect.deployments import run_deployment
         from prefect.exceptions import ObjectNotFound
 
         deployment = f"{STAGE_FLOW}/{self.pool}"
-        run_name = (self.task.task_run_name or self.task.name).format(**arguments)
+        run_name = task_run_name(self.task, arguments)
         try:
             run = run_deployment(deployment, parameters={"stage": self.name, "args": encode_args(arguments)},
                                  flow_run_name=run_name, timeout=self.timeout_s, poll_interval=2)

@@ -207,11 +207,12 @@ def test_stages_are_placed_by_their_pools(tmp_path):
     from tasks.stages import ALL, LocalStage, PoolStage, bound
 
     local = bound(tmp_path, OrchestrationConfig())
-    assert all(isinstance(s, LocalStage) for s in vars(local).values())
+    assert all(isinstance(getattr(local, name), LocalStage) for name in ALL) and local.failed == []
     orchestration = compose_run(["orchestration=pools"], cuda_available=False).orchestration
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         pools = bound(tmp_path, orchestration)
-    placed = {ALL[name].name: (s.pool if isinstance(s, PoolStage) else "in-flow") for name, s in vars(pools).items()}
+    placed = {task.name: (s.pool if isinstance(s, PoolStage) else "in-flow")
+              for name, task in ALL.items() for s in [getattr(pools, name)]}
     assert {k: placed[k] for k in ("data", "agents", "grading", "advantage")} == dict.fromkeys(
         ("data", "agents", "grading", "advantage"), "in-flow")
     assert {k: placed[k] for k in ("rollout", "update", "evaluation")} == dict.fromkeys(
@@ -226,6 +227,16 @@ def test_local_submit_runs_now_and_returns_a_finished_future():
     seen = []
     future = LocalStage(lambda *a: seen.append(a) or "record").submit(1, 2)
     assert seen == [(1, 2)] and future.done() and future.result() == "record"
+
+
+def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
+    from tasks.stages import bound
+
+    stage = bound(tmp_path)
+    ctx = StageContext(root=str(tmp_path), flow_run_id="f", fail_at="grading")
+    with pytest.raises(Exception, match="fault injected in stage 'grading'"):
+        stage.grade(ctx, load_cfg().grading, None, None, 3)
+    assert stage.failed == ["grading-c3"]  # what the run's summary lists as FAILED
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -105,6 +105,12 @@ def test_injected_fault_fails_the_run_clearly(runs):
     assert a.returncode != 0
     assert "fault injected in stage 'grading'" in a.stderr
     assert "run the same command again" in a.stderr
+    # quiet: the summary names the failed stage, the console has no traceback, the run's log file has it
+    assert any(line.startswith("│ grading-c0 ") and "FAILED" in line for line in a.stderr.splitlines()), a.stderr
+    assert "Traceback" not in a.stderr and "Setting accelerator" not in a.stderr + a.stdout
+    log = Path(a.stderr.split("The traceback is in ")[1].split()[0].rstrip("."))
+    assert log.parent == runs["home"] / "logs" and "StageFault: fault injected in stage 'grading'" in log.read_text()
+    assert "Finished in state Completed()" in log.read_text()  # Prefect's INFO lines: in the file, not on the console
     assert runs["status_a"] == "FAILED"
 
 
@@ -226,7 +232,7 @@ def test_the_prefect_run_shows_the_summary_and_links_to_the_mlflow_run(runs):
     url = link.split("](")[1].removesuffix(")")
     assert url.endswith(f"/runs/{run_id}?workflowType=machine_learning") and len(artifacts) == 2
     assert f"MLflow run [{run_id}]({url})" in summary
-    assert "| grading " in summary and "**per cycle:" in summary and "**held-out evaluation" in summary
+    assert "| grading " in summary and "**per cycle**" in summary and "**held-out evaluation" in summary
     team = next(line for line in summary.splitlines() if line.startswith("| team"))
     assert team.count("→") == 3  # before → after, as on the console
     (logged,) = [p for p in (home / "mlartifacts").rglob("summary.md") if run_id in str(p)]
@@ -363,7 +369,7 @@ def test_the_console_has_one_line_per_stage_and_no_prefect_chatter(runs):
     assert "generate:" not in console and "| INFO    |" not in console and "grading:" not in console
     stage_lines = [line for line in console.splitlines() if "✓ ran" in line or "↺ cached" in line]
     assert len(stage_lines) == 3 + 2 * 6  # data, agents, eval before + per cycle: rollout, grading, advantage, 2 updates, eval
-    per_cycle = console[console.index("per cycle:"):].splitlines()
+    per_cycle = console[console.index("per cycle"):].splitlines()
     assert [line.split("│")[1].strip() for line in per_cycle if line.startswith("│")][:3] == ["before", "0", "1"]
     held_out = console[console.index("held-out evaluation"):].splitlines()
     team = next(line for line in held_out if line.startswith("│ team"))

@@ -8,8 +8,10 @@ wrote it. docs/training.md describes how the update is built to fit long respons
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
+import io
 import dataclasses
 import math
 import os
@@ -86,8 +88,7 @@ def init_distributed() -> tuple[int, int]:
     # torchrun sets WORLD_SIZE > 1; a WORLD_SIZE=1 left in the environment by an earlier update in this process (and
     # inherited by its children) must not send a lone process to bind MASTER_PORT, where a concurrent one may sit
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    select_accelerator()
     # DeepSpeed falls back to MPI discovery unless all of these are set; alone, nothing listens on MASTER_PORT
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29500"}.items():
@@ -98,8 +99,16 @@ def init_distributed() -> tuple[int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if not launched:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints "... built successfully" for its CPU op
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return dist.get_rank(), dist.get_world_size()
+
+
+def select_accelerator() -> None:
+    """Tell DeepSpeed, before it is imported, that a machine without CUDA trains on the CPU (``DS_ACCELERATOR``), so it
+    does not warn that it failed to find an accelerator."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def rank_device(device: str, world: int) -> str:
@@ -432,6 +441,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     Under ``torch.profiler`` the phases are named regions: ``mars2.reference_logprobs``, then per micro-batch
     ``mars2.policy_logprobs``, ``mars2.backward`` and ``mars2.optimizer_step``.
     """
+    select_accelerator()
     import deepspeed
     import torch.distributed as dist
 
