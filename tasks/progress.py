@@ -42,7 +42,8 @@ def stage_progress(label: str, unit: str, console: Console | None = None,
                TextColumn("{task.fields[unit]}"), RateColumn(), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn())
     lines = PlainLines(label, unit, console) if not console.is_terminal and every_s > 0 else None
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar, \
+            logs_above(console if console.is_terminal else None):
         job = bar.add_task(label, total=None, unit=unit)
 
         def advance(done: int, total: int, phase: str | None = None) -> None:
@@ -63,6 +64,34 @@ def stage_progress(label: str, unit: str, console: Console | None = None,
         finally:
             stop.set()
             ticker.join()
+
+
+@contextmanager
+def logs_above(console: Console | None) -> Iterator[None]:
+    """While a live display draws on ``console``, the records the root logger prints on the console (warnings, with
+    their filters) go through that console, which prints them above the display instead of into it. None: as is."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    top = logging.getLogger()
+    streams = [h for h in top.handlers
+               if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    if console is None or not streams:
+        yield
+        return
+    above = RichHandler(console=console, level=min(h.level for h in streams), show_path=False, show_time=False)
+    for f in {f for h in streams for f in h.filters}:
+        above.addFilter(f)
+    for h in streams:
+        top.removeHandler(h)
+    top.addHandler(above)
+    try:
+        yield
+    finally:
+        top.removeHandler(above)
+        for h in streams:
+            top.addHandler(h)
 
 
 class PlainLines:

@@ -74,3 +74,29 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
     lines = [line.split("│") for line in text.splitlines() if line.startswith("│")]
     assert [c[1].strip() for c in lines if c[1].strip() in ("before", "0")] == ["before", "0"]
     assert any("12.5%" in line and "37.5%" in line for line in text.splitlines())  # pass rate, cross-agent share
+
+
+def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from tasks.progress import stage_progress
+
+    beside = io.StringIO()
+    handler = logging.StreamHandler(beside)  # the console handler a process has (Prefect's, on stderr)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        out = io.StringIO()
+        with stage_progress("grading c0", "programs", Console(file=out, force_terminal=True, width=100)) as advance:
+            advance(1, 4)
+            logging.getLogger("mars2.sandbox.isolation").warning("SANDBOX: weaker than bwrap")
+            logging.getLogger("mars2.sandbox.isolation").info("not shown: below the console's level")
+            advance(4, 4)
+        logging.getLogger("mars2").warning("after the display: the usual handler")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "SANDBOX: weaker than bwrap" in out.getvalue() and "not shown" not in out.getvalue()
+    assert beside.getvalue() == "after the display: the usual handler\n"
