@@ -37,8 +37,16 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
     what to do next; its traceback is already in Prefect's log.
     """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    overrides = list(HydraConfig.get().overrides.task)
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    varied = swept(sys.argv[1:], overrides) if hydra_cfg.mode == RunMode.MULTIRUN else []
+    if varied:  # a -m job: a header above its output, and a run name (Prefect, MLflow) saying what varied
+        from rich.console import Console
+
+        Console(stderr=True).rule(f"job {hydra_cfg.job.num}: {' '.join(varied)}")
+        flow = flow.with_options(flow_run_name=" ".join(varied))
     try:
         check(overrides)
     except ConfigError as e:
@@ -75,6 +83,16 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
         where = f" The traceback is in {log_file}." if log_file else ""
         sys.exit(f"mars2: the {what} failed: {type(e).__name__}: {e}\n"
                  f"Fix the cause and run the same command again: finished stages come back from cache.{where}")
+
+
+def swept(argv: list[str], overrides: list[str]) -> list[str]:
+    """The overrides of a ``-m`` job whose keys the command line sweeps (``a=1,2``, ``range()``, ``choice()``):
+    ``["train.kl_coef=0.002"]`` for the job ``[..., "train.kl_coef=0.002"]`` of ``train.kl_coef=0.001,0.002``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    keys = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
 
 
 def no_space_left(error: BaseException, root: Path) -> str | None:

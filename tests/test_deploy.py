@@ -83,18 +83,21 @@ def test_cli_gives_the_flow_each_jobs_overrides_and_multirun_runs_one_flow_per_j
     probe = (
         "import json, sys\n"
         "import flows.train_cycle as m\n"
-        "calls = []\n"
-        "m.train_cycle = lambda overrides: calls.append(overrides)\n"
+        "calls, names = [], []\n"
+        "class Flow:\n"
+        "    def __call__(self, overrides): calls.append(overrides)\n"
+        "    def with_options(self, flow_run_name): names.append(flow_run_name); return self\n"
+        "m.train_cycle = Flow()\n"
         "for argv in (['train.cycles=3', 'agents=tiny_cpu_single'],\n"
         "             ['-m', 'agents=tiny_cpu,tiny_cpu_single', 'train.kl_coef=0.001,0.002', 'search.max_nodes=4']):\n"
         "    sys.argv = ['flows/train_cycle.py', *argv]\n"
         "    m.main()\n"
-        "print('CALLS=' + json.dumps(calls))\n"
+        "print('CALLS=' + json.dumps(calls) + '\\nNAMES=' + json.dumps(names))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    calls = json.loads(out.stdout.split("CALLS=")[1])
+    calls = json.loads(out.stdout.split("CALLS=")[1].split("\n")[0])
     assert calls == [
         ["train.cycles=3", "agents=tiny_cpu_single"],
         ["agents=tiny_cpu", "train.kl_coef=0.001", "search.max_nodes=4"],
@@ -102,6 +105,12 @@ def test_cli_gives_the_flow_each_jobs_overrides_and_multirun_runs_one_flow_per_j
         ["agents=tiny_cpu_single", "train.kl_coef=0.001", "search.max_nodes=4"],
         ["agents=tiny_cpu_single", "train.kl_coef=0.002", "search.max_nodes=4"],
     ]
+    # each -m job is headed by what varies, and its flow run (and so its MLflow run) is named by it
+    names = json.loads(out.stdout.split("NAMES=")[1])
+    assert names == ["agents=tiny_cpu train.kl_coef=0.001", "agents=tiny_cpu train.kl_coef=0.002",
+                     "agents=tiny_cpu_single train.kl_coef=0.001", "agents=tiny_cpu_single train.kl_coef=0.002"]
+    headers = [line.strip("─ ") for line in out.stderr.splitlines() if line.startswith("─")]
+    assert headers == [f"job {i}: {name}" for i, name in enumerate(names)], out.stderr
     # multirun's per-job folders stay in the run folder, not the repository
     assert (tmp_path / "home" / "multirun").is_dir()
 
