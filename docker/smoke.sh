@@ -3,6 +3,7 @@
 # deployment on the stack's CPU worker, check what Prefect and MLflow show, run it again (all stages from cache),
 # then `down -v`. Leaves nothing behind: no container, network or volume of its project (mars2smoke).
 #
+#   bash docker/host-setup.sh     # once per host: Docker engine, a Compose CLI, debootstrap (asks, then installs)
 #   bash docker/smoke.sh          # as root or a user in the docker group; last line: the timings
 #
 # Its own project name and a throw-away env file with random secrets: a .env of yours is neither read nor touched.
@@ -20,10 +21,9 @@ OVERRIDES='["agents=tiny_cpu_single", "data.n_problems=24", "data.max_train_prob
  "search.max_nodes=2", "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2",
  "train.micro_batch=4", "train.cycles=1", "grading.time_limit_s=2"]'
 
-if docker compose version >/dev/null 2>&1; then COMPOSE_CLI=(docker compose)
-elif command -v docker-compose >/dev/null; then COMPOSE_CLI=(docker-compose)
-else echo "smoke: neither 'docker compose' nor 'docker-compose' is installed" >&2; exit 1; fi
-docker info >/dev/null 2>&1 || { echo "smoke: no Docker engine answers (start dockerd)" >&2; exit 1; }
+# every missing host prerequisite at once (engine, Compose CLI, debootstrap), and the one command that installs them
+bash docker/host-setup.sh --check >/dev/null || exit 1
+if docker compose version >/dev/null 2>&1; then COMPOSE_CLI=(docker compose); else COMPOSE_CLI=(docker-compose); fi
 
 WORK=$(mktemp -d /tmp/mars2-smoke.XXXXXX)
 ENV_FILE=$WORK/smoke.env

@@ -571,3 +571,20 @@ def test_stack_builds_runs_and_cleans_up():
     leftover = subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=mars2smoke"],
                               capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+
+
+def test_host_setup_names_every_missing_prerequisite_at_once(tmp_path):
+    """On a host with none of them, ``docker/host-setup.sh --check`` names the engine, a Compose CLI and debootstrap
+    together with the one command that installs them (smoke.sh used to stop at the first, three runs in a row)."""
+    bare = tmp_path / "bin"  # a PATH with a shell and nothing of Docker's
+    bare.mkdir()
+    for tool in ("bash", "id", "seq", "sleep", "head"):
+        (bare / tool).symlink_to(shutil.which(tool))
+    out = subprocess.run(["bash", str(ROOT / "docker" / "host-setup.sh"), "--check"], env={"PATH": str(bare)},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert [line.split("missing: ")[1].split(" (")[0] for line in out.stderr.splitlines() if "missing: " in line] == [
+        "a Docker engine", "a Compose CLI", "debootstrap"]
+    assert "bash docker/host-setup.sh" in out.stderr.splitlines()[-1]
+    checks = (ROOT / "docker" / "smoke.sh").read_text().split("have_or_pull()")[0]
+    assert "bash docker/host-setup.sh --check" in checks  # before anything is built
