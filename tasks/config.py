@@ -8,6 +8,7 @@ One code path: every entry point turns a list of Hydra command-line overrides in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,9 @@ def override_hint(override: str) -> str | None:
                 + (f"; did you mean {key}={close[0]}?" if close else ".") + f" Options: {', '.join(options)}.")
     node: Any = OmegaConf.structured(RunConfig)
     for depth, part in enumerate(parts):
+        if OmegaConf.is_list(node) and part.isdigit() and dataclasses.is_dataclass(node._metadata.element_type):
+            node = OmegaConf.structured(node._metadata.element_type)  # agents.members.<i>: any element's schema
+            continue
         fields = list(node.keys()) if OmegaConf.is_dict(node) else []
         if part in fields:
             node = node[part]

@@ -83,6 +83,9 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
     (["agents=nope"], "agents=nope: no such option in config group 'agents'. Options: heterogeneous_14b"),
     (["agents=heterogenous_32b"], "did you mean agents=heterogeneous_32b\\?"),
     (["search.max_node=4"], "no key 'max_node' in search; did you mean search.max_nodes\\? Keys of search: strategy"),
+    (["agents.members.1.optimizer.lrr=1e-5"],  # a key inside a list element: the element's schema
+     "no key 'lrr' in agents.members.1.optimizer; did you mean agents.members.1.optimizer.lr\\? Keys of "
+     "agents.members.1.optimizer: lr, min_lr"),
     (["train.cycles=-1"], "train.cycles=-1"),
     (["train.cycles=abc"], "could not be converted to Integer"),
     (["+nonsense=1"], "unknown config key"),
@@ -126,6 +129,7 @@ def test_cli_cfg_job_prints_32b_config_without_touching_a_gpu():
     (["agents=nope"], "no such option in config group 'agents'"),
     (["agents=heterogenous_32b"], "did you mean agents=heterogeneous_32b?"),
     (["search.max_node=4"], "did you mean search.max_nodes?"),
+    (["agents.members.0.optimzer.lr=1e-5"], "did you mean agents.members.0.optimizer?"),
     (["train.cycles=-1"], "train.cycles=-1"),
 ])
 def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
