@@ -214,7 +214,11 @@ class SummaryTable:
         yield out
 
     def markdown(self) -> str:
-        body = self.frame.to_markdown(index=False, colalign=["left"] + ["right"] * (self.frame.shape[1] - 1))
+        def escaped(text) -> str:  # a "|" in a cell or header (|Â|) would end the cell
+            return str(text).replace("|", "\\|")
+
+        frame = self.frame.rename(columns=escaped).map(escaped)
+        body = frame.to_markdown(index=False, colalign=["left"] + ["right"] * (frame.shape[1] - 1))
         return "\n\n".join(x for x in (f"**{self.title}**", body, self.caption and f"_{self.caption}_") if x)
 
 

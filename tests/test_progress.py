@@ -52,6 +52,8 @@ def test_off_a_terminal_a_long_stage_prints_a_plain_line_every_few_seconds():
 
 
 def test_the_summary_shows_held_out_numbers_before_and_after_training():
+    import re
+
     from rich.console import Console
 
     from tasks.report import cycle_table, evaluation_table
@@ -74,6 +76,12 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
     lines = [line.split("│") for line in text.splitlines() if line.startswith("│")]
     assert [c[1].strip() for c in lines if c[1].strip() in ("before", "0")] == ["before", "0"]
     assert any("12.5%" in line and "37.5%" in line for line in text.splitlines())  # pass rate, cross-agent share
+    # the same tables as markdown (the Prefect artifact, summary.md): every row has the header's cells, |Â| escaped
+    for table in (cycle_table(rows), evaluation_table(after, before)):
+        lines = [line for line in table.markdown().splitlines() if line.startswith("|")]
+        cells = {len(re.split(r"(?<!\\)\|", line)) for line in lines}
+        assert len(lines) >= 3 and len(cells) == 1, table.markdown()
+    assert "\\|Â\\|" in cycle_table(rows).markdown()
 
 
 def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
