@@ -62,9 +62,10 @@ def plot_trees(nodes: pd.DataFrame, path: str | Path, max_trees: int = 4) -> Pat
 
 
 def plot_tree(nodes: pd.DataFrame, path: str | Path, title: str = "") -> Path:
-    """One tree, large enough to read: each node a box labelled ``#<node id> <agent>``, its hidden verdict (status),
-    reward and advantage Â (``flat``: a tree whose rewards are all equal trains nothing), edge = refinement of the
-    parent, colour = agent.
+    """One tree, large enough to read, drawn left to right (depth across, siblings down: a search tree is wide and
+    shallow, and an image viewer fits the width): each node a box labelled ``#<node id> <agent>``, its hidden verdict
+    (status), reward and advantage Â (``flat``: a tree whose rewards are all equal trains nothing), edge = refinement
+    of the parent, colour = agent, a bold edge for reward 1.
 
     ``nodes``: one tree's rows with ``node_id``, ``parent``, ``agent``, ``status``, ``reward`` and ``advantage`` (NaN
     for a node that is not trained)."""
@@ -74,25 +75,26 @@ def plot_tree(nodes: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     t = nodes.sort_values("node_id")
-    pos = _layout(t)
-    width = max(x for x, _ in pos.values()) + 1
-    depth = -min(y for _, y in pos.values()) + 1
+    pos = {n: (-y, x) for n, (x, y) in _layout(t).items()}  # (depth, leaf order)
+    depth = max(x for x, _ in pos.values()) + 1
+    leaves = max(y for _, y in pos.values()) + 1
     agents = sorted(t["agent"].unique())
     colours = {a: plt.cm.Pastel1(i % 9) for i, a in enumerate(agents)}
-    fig, ax = plt.subplots(figsize=(max(4.0, 2.3 * width), 1.2 + 1.3 * depth))
+    fig, ax = plt.subplots(figsize=(1.0 + 2.6 * depth, 0.8 + 0.85 * leaves))
     for r in t.itertuples():
         (px, py), (x, y) = pos[r.parent], pos[r.node_id]
         ax.plot([px, x], [py, y], color="0.6", zorder=1)
-    ax.annotate("problem", pos[ROOT], ha="center", va="center", fontsize=9, color="white",
+    ax.annotate("problem", pos[ROOT], ha="center", va="center", fontsize=10, color="white",
                 bbox={"boxstyle": "round", "fc": "0.2"})
     for r in t.itertuples():
         adv = "flat" if r.advantage != r.advantage else f"Â {r.advantage:+.2f}"
-        ax.annotate(f"#{r.node_id} {r.agent}\n{r.status}  r={r.reward:g}\n{adv}", pos[r.node_id], ha="center",
-                    va="center", fontsize=8, zorder=3,
-                    bbox={"boxstyle": "round", "fc": colours[r.agent], "ec": "0.3" if r.reward else "0.7"})
-    ax.set_xlim(-0.7, width - 0.3)
-    ax.set_ylim(-depth + 0.4, 0.5)
-    ax.set_title(title, fontsize=10)
+        ax.annotate(f"#{r.node_id} {r.agent}\n{r.status}  r={r.reward:g}  {adv}", pos[r.node_id], ha="center",
+                    va="center", fontsize=9, zorder=3,
+                    bbox={"boxstyle": "round", "fc": colours[r.agent], "ec": "0.1" if r.reward else "0.6",
+                          "lw": 2.0 if r.reward else 0.8})
+    ax.set_xlim(-0.6, depth - 0.4)
+    ax.set_ylim(leaves - 0.5, -0.5)
+    ax.set_title(title, fontsize=11)
     ax.axis("off")
     fig.tight_layout()
     path = Path(path)
