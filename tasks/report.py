@@ -66,22 +66,22 @@ class RunReport:
         run_metrics = run_metrics or {}
         tables = self.summary_tables(table, eval_metrics)
         reused = self.run.reused if status == "FINISHED" else None
+        run_id = reused or self.run.needed()
+        summary = self.markdown(status, tables, run_metrics)  # after needed(): a deferred run gets its id there
         if reused is None:
-            run_id = self.run.needed()
             tracking.log_metrics(self.cfg, run_id, run_metrics)
             path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{run_id}.parquet", table)
             tracking.log_table(self.cfg, run_id, path, "summary")
             curves = self.eval_curves(run_id)
             if curves is not None:
                 tracking.log_table(self.cfg, run_id, curves)
-            tracking.log_text(self.cfg, run_id, self.markdown(status, tables, run_metrics), "summary.md")
+            tracking.log_text(self.cfg, run_id, summary, "summary.md")
             if url := prefect_run_url():
                 tracking.set_tags(self.cfg, run_id, {"prefect.flow_run_url": url})
             tracking.end_run(self.cfg, run_id, status)
         self._print(tables, run_metrics)
-        publish_to_prefect(self.markdown(status, tables, run_metrics), self.run.reused or self.run.id,
-                           tracking.run_link(self.cfg, self.run.reused or self.run.id))
-        return {"run_id": reused or self.run.id, "status": status, "stages": self.rows, "eval": eval_metrics,
+        publish_to_prefect(summary, run_id, tracking.run_link(self.cfg, run_id))
+        return {"run_id": run_id, "status": status, "stages": self.rows, "eval": eval_metrics,
                 **run_metrics,
                 "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
                 "resumed": self.run.resumed}
@@ -180,7 +180,7 @@ def prefect_run_url() -> str | None:
     return flow_run.ui_url if prefect_server_outlives_run() else None
 
 
-def publish_to_prefect(markdown: str, mlflow_run_id: str | None, mlflow_link: str) -> None:
+def publish_to_prefect(markdown: str, mlflow_run_id: str, mlflow_link: str) -> None:
     """Show the run's results on its Prefect flow run page: the summary as a markdown artifact, a link artifact to the
     MLflow run, and the tag ``mlflow:<run id>`` on the flow run (its list of runs can be filtered by it)."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -188,8 +188,6 @@ def publish_to_prefect(markdown: str, mlflow_run_id: str | None, mlflow_link: st
     from prefect.runtime import flow_run
 
     create_markdown_artifact(markdown, description="mars2 summary: stages, cycles, held-out evaluation")
-    if mlflow_run_id is None:
-        return
     create_link_artifact(mlflow_link, link_text=f"MLflow run {mlflow_run_id}", description="the run's MLflow page")
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, tags=sorted({*flow_run.tags, f"mlflow:{mlflow_run_id}"}))

@@ -291,12 +291,10 @@ def open_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_r
     before = latest_run_of(cfg, config_fingerprint(config), kind)
     status = before.info.status if before is not None else None
     if status in ("FAILED", "KILLED") or (before is not None and abandoned(before)):
-        client = _client(tracking_uri(cfg))
         run_id = before.info.run_id
-        client.update_run(run_id, status="RUNNING")
-        for key, value in {"prefect.flow_run_id": flow_run_id, **owner_tags(),
-                           "mars2.resumed": str(int(before.data.tags.get("mars2.resumed", "0")) + 1)}.items():
-            client.set_tag(run_id, key, value)
+        _client(tracking_uri(cfg)).update_run(run_id, status="RUNNING")
+        set_tags(cfg, run_id, {"prefect.flow_run_id": flow_run_id, **owner_tags(),
+                               "mars2.resumed": str(int(before.data.tags.get("mars2.resumed", "0")) + 1)})
         return TrackedRun(create, id=run_id, resumed=True)
     if status == "FINISHED":
         return TrackedRun(create, previous=before.info.run_id)
