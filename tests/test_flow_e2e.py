@@ -335,6 +335,26 @@ def test_updates_change_every_agents_weights_through_its_engine(runs):
         assert moved > 0, f"{owner}: no weight changed"
 
 
+def test_every_model_folder_the_run_wrote_gives_the_projects_token_ids(runs):
+    """agents and update folders, loaded the standard way (AutoTokenizer on the model folder), tokenize as the
+    project's own tokenizer folder does."""
+    import json
+
+    from test_models_backend import project_ids
+
+    home = runs["home"]
+    (agents,) = [json.loads(p.read_text()) for p in (home / "artifacts" / "agents").glob("*/MANIFEST.json")]
+    folders = [("qwen_tiny", Path(agents["dir"]) / "qwen_tiny" / "model"),
+               ("llama_tiny", Path(agents["dir"]) / "llama_tiny" / "model")]
+    for p in sorted((home / "artifacts" / "update").glob("*/MANIFEST.json")):
+        m = json.loads(p.read_text())
+        folders += [(owner, Path(m["dir"]) / "model") for owner in m["weights"]]
+    assert {owner for owner, _ in folders} == {"qwen_tiny", "llama_tiny"} and len(folders) > 2
+    for owner, folder in folders:
+        ours, theirs = project_ids(Path(agents["dir"]) / owner / "tokenizer", folder)
+        assert ours == theirs, folder
+
+
 def test_only_each_agents_last_optimizer_state_is_kept(runs):
     """train.keep_optimizer_states=1 (default): the flow deleted cycle 0's ds/ after cycle 1's updates; every model/
     stays complete, and the re-runs above (C: nothing ran; D: one stage ran) did not need the deleted states."""

@@ -18,6 +18,41 @@ def test_tokenizer_round_trips_code_and_has_chat_template(tiny_tokenizer):
     assert text.endswith("<|assistant|>\n") and tiny_tokenizer.eos_token == "<|end|>"
 
 
+ROUND_TRIP_TEXT = "x = 12345 + 6.07e3\nfor i in range(10):\n    print(i*2, 'it''s', \"ünï\")  # 99 bottles\n"
+
+
+def project_ids(tokenizer_dir, model_dir) -> tuple[list[int], list[int]]:
+    """Ids of a string with digits and code, and of a chat-formatted prompt, from the tokenizer folder the project
+    loads and from the model folder as anyone else loads it; the two pairs must be equal."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "system", "content": "You are a careful Python programmer."},
+                {"role": "user", "content": ROUND_TRIP_TEXT}]
+    out = []
+    for d in (tokenizer_dir, model_dir):
+        tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out.append((tok(ROUND_TRIP_TEXT, add_special_tokens=False)["input_ids"],
+                    tok(chat, add_special_tokens=False)["input_ids"], tok.decode(tok(ROUND_TRIP_TEXT)["input_ids"])))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_saved_model_folder_gives_the_project_tokenizers_ids_through_auto_tokenizer(tmp_path, tiny_tokenizer, arch):
+    """transformers builds Qwen2Tokenizer for any qwen2 folder; the tiny tokenizer must give the same ids there."""
+    from mars2.models.tiny import build_tiny_model
+    from mars2.train.checkpoints import complete_model_folder
+
+    tiny_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    model = build_tiny_model(arch, vocab_size=len(tiny_tokenizer), hidden_size=32, num_layers=1, num_heads=4,
+                             num_kv_heads=2, intermediate_size=64, max_position_embeddings=256,
+                             pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id, seed=0)
+    model.save_pretrained(tmp_path / "model")
+    complete_model_folder(tmp_path / "model", tmp_path / "tokenizer")
+    ours, theirs = project_ids(tmp_path / "tokenizer", tmp_path / "model")
+    assert ours == theirs and ours[2] == ROUND_TRIP_TEXT
+
+
 def test_two_architectures_differ(tiny_tokenizer):
     from mars2.models.tiny import build_tiny_model
 

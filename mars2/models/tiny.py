@@ -13,18 +13,29 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Qwen2's pre-tokenizer split (contractions, letter runs, one token per digit, punctuation runs, newlines, spaces):
+# transformers builds Qwen2Tokenizer for every model_type=qwen2 folder, whatever tokenizer class the folder declares,
+# and that class applies this split, so a BPE trained with any other split would give other ids once saved.
+PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                     r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 512):
     """Byte-level BPE trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast`` with a chat template.
 
-    ``<|end|>`` closes every chat turn and is the EOS token, so generation stops after one answer.
+    ``<|end|>`` closes every chat turn and is the EOS token, so generation stops after one answer. Normaliser (NFC)
+    and pre-tokenizer (:data:`PRETOKENIZE_REGEX`, then byte-level) are Qwen2Tokenizer's, so a saved folder gives the
+    same ids whichever class ``AutoTokenizer`` builds for it (the folder's own, ``Qwen2Tokenizer``, Llama's).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
