@@ -248,6 +248,20 @@ class EvalConfig:
 
 
 @dataclass
+class GateConfig:
+    """The refine gate (flows/gate.py, mars2/eval/gate.py): the hidden-test success of refining a failed program
+    against a fresh sample, on the same problems, per agent and cross-agent. Programs are sampled as the rollout's
+    trees sample them (``search.temperature``, ``top_p``, ``max_new_tokens``, ``detailed_feedback``, ``seed``)."""
+
+    n_fresh: int = 4  # fresh programs per agent per problem: each agent's baseline rate, and the pool of parents
+    n_parents: int = 2  # failed fresh programs per author per problem, each refined once by every agent
+    split: str = choice("eval", EVAL_SPLITS)  # eval: the held-out problems; train: the first training problems
+    max_problems: int | None = 64  # the split's first problems (null: all)
+    n_boot: int = 10_000  # bootstrap replicates of each interval
+    level: float = 0.95  # of each interval
+
+
+@dataclass
 class BackendConfig:
     """Generation engines (``conf/backend/``): vLLM settings of agents with ``backend: vllm``, and whether agents
     generate in one long-lived engine process per weight owner (``persistent``, mars2/backends/engine.py)."""
@@ -385,6 +399,7 @@ class RunConfig:
     grading: GradingConfig = field(default_factory=GradingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)  # the default DeepSpeed profile
     deepspeed_profiles: dict[str, Any] = field(default_factory=dict)  # every profile in conf/deepspeed/
@@ -466,6 +481,11 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if e.tree and not e.tplus:
         _fail("eval.tree=true needs at least one entry in eval.tplus",
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
+    gate = cfg.gate
+    if gate.n_fresh < 1 or gate.n_parents < 1 or gate.n_boot < 1 or not 0 < gate.level < 1 \
+            or (gate.max_problems is not None and gate.max_problems < 1):
+        _fail("gate.n_fresh, gate.n_parents, gate.n_boot and gate.max_problems (or null) must be >= 1 and gate.level "
+              "in (0, 1)", f"Got {gate.n_fresh}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and {gate.level}.")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
     from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy, as above

@@ -54,9 +54,9 @@ class RunReport:
         self.run.log(lambda run_id: tracking.log_json(self.cfg, run_id, rows, f"cycle_{cycle}/summary.json"))
 
     def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None,
-               failed: Sequence[str] = ()) -> dict:
+               failed: Sequence[str] = (), notes: str = "") -> dict:
         """Log the stage table (with the ``failed`` stages, by task run name), ``run_metrics`` (e.g.
-        ``engine_starts``) and the summary (``summary.md``), close the MLflow run, print the summary and publish it to
+        ``engine_starts``) and the summary (``summary.md``; ``notes``, markdown, follow its tables), close the MLflow run, print the summary and publish it to
         the Prefect flow run (:func:`publish_to_prefect`); returns it as a dict.
 
         A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
@@ -67,7 +67,7 @@ class RunReport:
         tables = self.summary_tables(table, eval_metrics)
         reused = self.run.reused if status == "FINISHED" else None
         run_id = reused or self.run.needed()
-        summary = self.markdown(status, tables, run_metrics)  # after needed(): a deferred run gets its id there
+        summary = self.markdown(status, tables, run_metrics, notes)  # after needed(): a deferred run gets its id there
         if reused is None:
             tracking.log_metrics(self.cfg, run_id, run_metrics)
             path = write_parquet(Path(self.cfg.paths.root) / "runs" / f"{run_id}.parquet", table)
@@ -79,7 +79,7 @@ class RunReport:
             if url := prefect_run_url():
                 tracking.set_tags(self.cfg, run_id, {"prefect.flow_run_url": url})
             tracking.end_run(self.cfg, run_id, status)
-        self._print(tables, run_metrics)
+        self._print(tables, run_metrics, notes)
         publish_to_prefect(summary, run_id, tracking.run_link(self.cfg, run_id))
         return {"run_id": run_id, "status": status, "stages": self.rows, "eval": eval_metrics,
                 **run_metrics,
@@ -116,7 +116,7 @@ class RunReport:
             "a model load per stage and weight owner: backend.persistent=false"
         return f"generation engines started: {run_metrics['engine_starts']:g} ({how})"
 
-    def markdown(self, status: str, tables: list[SummaryTable], run_metrics: dict[str, float]) -> str:
+    def markdown(self, status: str, tables: list[SummaryTable], run_metrics: dict[str, float], notes: str = "") -> str:
         """The console summary as markdown: the Prefect run's summary artifact and the MLflow run's ``summary.md``."""
         run_id = self.run.reused or self.run.id
         lines = [f"# {self.title}: {status}", "",
@@ -126,15 +126,21 @@ class RunReport:
                     " (resumed: the earlier attempt of this command failed)" if self.run.resumed else ""), ""]
         for t in tables:
             lines += [t.markdown(), ""]
+        if notes:
+            lines += [notes.strip(), ""]
         if engines := self.engines_line(run_metrics):
             lines += [engines, ""]
         lines += ["**Terms** (metric names in MLflow; docs/eval.md, docs/training.md)", ""]
         lines += [f"- `{term}`: {meaning}" for term, meaning in GLOSSARY.items()]
         return "\n".join(lines)
 
-    def _print(self, tables: list[SummaryTable], run_metrics: dict[str, float]) -> None:
+    def _print(self, tables: list[SummaryTable], run_metrics: dict[str, float], notes: str = "") -> None:
+        from rich.markdown import Markdown
+
         for t in tables:
             self.console.print(t)
+        if notes:
+            self.console.print(Markdown(notes))
         if engines := self.engines_line(run_metrics):
             self.console.print(engines)
         uri = tracking.tracking_uri(self.cfg)

@@ -42,12 +42,13 @@ from tasks.data import prepare_dataset
 from tasks.engines import node_engines
 from tasks.runtime import use_cpu_budget
 from tasks.evaluation import evaluate
+from tasks.gate import refine_gate
 from tasks.grading import grade
 from tasks.rollout import rollout
 from tasks.update import update_policy
 
 ALL = {f.__name__: f for f in (prepare_dataset, init_agents, bootstrap_agents, import_checkpoints, rollout, grade,
-                                compute_advantages, update_policy, evaluate)}
+                                compute_advantages, update_policy, evaluate, refine_gate)}
 STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are named after their pool
 DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
 

@@ -18,7 +18,8 @@ from mars2.config import RunConfig
 from tasks.stage import StageRecord
 
 ARTEFACTS_TO_LOG = ("trees.parquet", "verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json",
-                    "trees.png", "samples.parquet", "eval_trees.parquet", "by_difficulty.png")
+                    "trees.png", "samples.parquet", "eval_trees.parquet", "by_difficulty.png", "attempts.parquet",
+                    "gate.parquet", "refine_outcomes.parquet", "gate.md")
 
 
 def tracking_uri(cfg: RunConfig) -> str:

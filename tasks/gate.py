@@ -1,0 +1,74 @@
+"""The refine gate stage: does refining a failed program beat a fresh sample, per agent and across agents?
+
+Fresh programs and refine attempts (:func:`mars2.eval.gate.gate_attempts`) scored on public tests as the tree scores
+them, then graded once on hidden tests; the gate table compares them problem by problem (docs/eval.md, "The refine
+gate").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from mars2.backends.base import SamplingParams
+from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, SearchConfig
+from mars2.data.tables import cycle_subset, problems_from_frame
+from mars2.io import atomic_write_json, atomic_write_text, write_parquet
+from mars2.search.run import public_grader
+from tasks.engines import release
+from tasks.progress import stage_progress
+from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from tasks.weights import GENERATION_FIELDS, agent_runners, owner_of
+
+STAGE = "gate"
+MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
+           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "tasks.weights")
+# how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
+READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
+         "members": GENERATION_FIELDS}
+
+
+@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
+def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, grading: GradingConfig,
+                engine: BackendConfig, members: list[AgentConfig], weights: StageRecord, agents: StageRecord,
+                dataset: StageRecord) -> StageRecord:
+    """``attempts.parquet`` (every fresh program and refine attempt with its public score and hidden verdict),
+    ``gate.parquet`` (:func:`mars2.eval.gate.gate_table`), ``refine_outcomes.parquet`` and ``gate.md``; metrics
+    ``passes``, ``<set>/{refine,fresh,delta,low,high,attempts}`` (logged as ``gate/...``)."""
+
+    search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
+
+    def produce(out: Path) -> dict:
+        from mars2.eval.gate import gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes
+        from mars2.rl.reward import unique_hidden_test_verdicts
+
+        pool = pd.read_parquet(dataset.path(f"{gate.split}.parquet"))
+        ids = cycle_subset(pool["id"].tolist(), 0, gate.max_problems)
+        problems = problems_from_frame(pool.set_index("id").loc[ids].reset_index())
+        owners = {owner_of(m) for m in members}
+        runners = agent_runners(members, {o: weights for o in owners}, agents, batch_size=search.batch_size,
+                                engine=engine, ctx=ctx)
+        sandbox = ctx.grading(grading)
+        sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
+                                  max_new_tokens=search.max_new_tokens, seed=search.seed)
+        with stage_progress("gate", "programs", every_s=ctx.progress_every_s) as advance:
+            attempts = gate_attempts(problems, runners, n_fresh=gate.n_fresh, n_parents=gate.n_parents,
+                                     sampling=sampling, grade=public_grader(sandbox),
+                                     detailed_feedback=search.detailed_feedback,
+                                     progress=lambda done, total: advance(done, total, phase="generate"))
+            release(runners)
+            graded = unique_hidden_test_verdicts(attempts, {p.id: p for p in problems}, sandbox,
+                                                 progress=lambda done, total: advance(done, total, "hidden tests"))
+        table = gate_table(graded, n_boot=gate.n_boot, level=gate.level, seed=search.seed)
+        outcomes = refine_outcomes(graded)
+        write_parquet(out / "attempts.parquet", graded)
+        write_parquet(out / "gate.parquet", table)
+        write_parquet(out / "refine_outcomes.parquet", outcomes)
+        atomic_write_text(out / "gate.md", gate_markdown(table, outcomes))
+        atomic_write_json(out / "summary.json", {"split": gate.split, "n_problems": len(problems),
+                                                 "table": table.to_dict(orient="records")})
+        return {"metrics": gate_metrics(table)}
+
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
