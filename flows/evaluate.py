@@ -74,7 +74,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
             run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
             agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
             if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
             weights = agents
             if checkpoints:
                 weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)

@@ -63,7 +63,7 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
             dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
             agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
             if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
             weights = agents
             if checkpoints:
                 weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)

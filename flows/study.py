@@ -29,6 +29,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.evaluate import compose_eval, evaluate_agents
+from flows.gate import refine_gate_flow
 from flows.train_cycle import train_cycle
 from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
 from mars2.eval.compare import (METRICS, arm_intervals, claim_intervals, claims_markdown, comparison_table,
@@ -64,6 +65,9 @@ def compose_study(overrides: list[str]) -> StudyConfig:
         if not set(control.weights) <= owners or not set(control.weights.values()) <= set(study.arms):
             raise ConfigError(f"study control {name!r}: weights must map owners among {sorted(owners)} to arms among "
                               f"{sorted(study.arms)}, got {dict(control.weights)}")
+    if study.gate_arm is not None and study.gate_arm not in study.arms:
+        raise ConfigError(f"study.gate_arm={study.gate_arm!r} is not an arm; arms: {sorted(study.arms)} (or null: no "
+                          "gate)")
     for claim in study.claims:
         unknown = {claim.better, claim.worse} - {"base", *study.arms, *study.controls}
         if unknown or not is_claim_metric(claim.metric) or not claim.name:
@@ -112,6 +116,8 @@ def study_flow(overrides: list[str] | None = None) -> dict:
     nest = [f"paths.parent_run={parent}"]
     rows, curves, problems = [], [], []
     try:
+        if study.gate_arm is not None:
+            check_gate(study, nest)
         for seed in study.seeds:
             base = evaluate_agents([*base_overrides(study, seed), *nest, "+paths.tags.arm=base"])
             base_row = agent_row(base, study.agent)
@@ -141,6 +147,25 @@ def study_flow(overrides: list[str] | None = None) -> dict:
         raise
     tracking.end_run(cfg, parent, "FINISHED")
     return summary
+
+
+class GateNotPassed(RuntimeError):
+    """The refine gate did not pass for the study's gate arm, and ``study.ignore_gate`` is false."""
+
+
+def check_gate(study: StudyConfig, nest: list[str]) -> dict:
+    """Run the refine gate on ``study.gate_arm``'s team (first seed, nested under the study's run); raise
+    :class:`GateNotPassed` unless it passes or ``study.ignore_gate``."""
+    gate = refine_gate_flow([*arm_overrides(study, study.gate_arm, study.seeds[0]), *nest, "+paths.tags.arm=gate"])
+    if gate["passes"] or study.ignore_gate:
+        return gate
+    m = gate["gate"]
+    raise GateNotPassed(
+        f"the refine gate does not pass for arm {study.gate_arm!r}: refining a failed program succeeds "
+        f"{100 * m.get('all/refine', 0):.1f}% of the time against {100 * m.get('all/fresh', 0):.1f}% for a fresh sample "
+        f"(Δ {100 * m.get('all/delta', 0):+.1f} points, interval [{100 * m.get('all/low', 0):+.1f}, "
+        f"{100 * m.get('all/high', 0):+.1f}]), so the tree's refine nodes are wasted samples and the study cannot show "
+        f"cross-agent refinement; see {gate['gate_dir']}/gate.md. Set study.ignore_gate=true to run it anyway.")
 
 
 def final_per_problem(result: dict, agent: str) -> pd.DataFrame:

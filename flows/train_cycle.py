@@ -68,7 +68,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
             run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
             agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
             if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset), cycle=0)
+                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
             weights = {name: agents for name in owners}
             optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
             if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1

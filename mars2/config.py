@@ -76,7 +76,10 @@ class BootstrapConfig:
     lr: float = 3.0e-3
     batch_size: int = 16
     data_fraction: float = 1.0  # the agent's data mix: this seeded share of the training problems
-    seed: int = 0  # seeds the data mix and the batch order
+    seed: int = 0  # seeds the data mix, the faulty variants and the batch order
+    # refine examples per problem of the mix: a one-token fault of the reference that fails a public test, in the tree's
+    # refine prompt with its verdict (every other one with T+ detail), the reference as the answer; 0 = generate only
+    refine_per_problem: int = 0
 
 
 @dataclass
@@ -339,6 +342,10 @@ class StudyConfig:
     controls: dict[str, StudyControl] = field(default_factory=dict)  # control name → its evaluation, after the arms
     claims: list[StudyClaim] = field(default_factory=list)  # each reported as holds / does not hold / inconclusive
     n_boot: int = 10_000  # bootstrap replicates per claim
+    # the arm whose team the refine gate (flows/gate.py) checks first, with the first seed: the study refuses to start
+    # unless refining beats fresh sampling there (null: no gate)
+    gate_arm: str | None = None
+    ignore_gate: bool = False  # start the arms even when the gate does not pass (the gate's run is still logged)
 
 
 @dataclass
@@ -552,9 +559,11 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.model != "tiny" and m.shares_weights_with is None and _is_smollm2(m.model):
             _validate_smollm2(where, m, planning=True)
         b = m.bootstrap
-        if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1:
-            _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1 and 0 < data_fraction <= 1",
-                  f"Got steps={b.steps}, lr={b.lr}, batch_size={b.batch_size}, data_fraction={b.data_fraction}.")
+        if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1 or b.refine_per_problem < 0:
+            _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1, 0 < data_fraction <= 1 and "
+                  "refine_per_problem >= 0",
+                  f"Got steps={b.steps}, lr={b.lr}, batch_size={b.batch_size}, data_fraction={b.data_fraction}, "
+                  f"refine_per_problem={b.refine_per_problem}.")
         if b.steps and m.shares_weights_with is not None:
             _fail(f"{where}: a role sharing weights cannot have its own bootstrap",
                   f"Set bootstrap on the weight owner {m.shares_weights_with!r}.")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from mars2.config import AgentConfig
+from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 
@@ -22,10 +22,12 @@ STAGE = "bootstrap"
 # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
 # of the RL update reuses it
 READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
-                          if f.name not in ("optimizer", "deepspeed", "update_procs", "gpus", "backend"))}
+                          if f.name not in ("optimizer", "deepspeed", "update_procs", "gpus", "backend")),
+         # the sandbox settings that decide whether a faulty variant fails a public test (refine examples)
+         "grading": ("time_limit_s", "memory_mb", "isolation", "parity")}
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
-MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.data.schema",
-           "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
+MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
+           "mars2.sandbox", "mars2.data.schema", "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:
@@ -33,8 +35,8 @@ def needs_bootstrap(members: list[AgentConfig]) -> bool:
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
-def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord,
-                     dataset: StageRecord) -> StageRecord:
+def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord, dataset: StageRecord,
+                     grading: GradingConfig) -> StageRecord:
     """Warm weights per weight owner with ``bootstrap.steps > 0`` (``weights[owner].model_dir`` points at its complete
     warm model folder; the others and every tokenizer point at the ``agents`` folders); metrics
     ``<owner>/loss_first|loss_last|...``.
@@ -45,7 +47,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     heterogeneous) and seeds that only change the RL share its warm-start.
     """
 
-    members = narrowed(members, READS["members"])
+    members, grading = narrowed(members, READS["members"]), narrowed(grading, READS["grading"])
 
     def produce(out: Path) -> dict:
         weights = {o: agents.weights_of(o) for o in agents.weights}
@@ -55,10 +57,13 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
                 continue
             roles = [m.role_prompt]  # the owner's own role: every preset sharing this agent shares its warm-start
             init = {f: h for f, h in agents.files.items() if f.startswith(f"{m.name}/")}
-            record = run_stage(f"{STAGE}-agent", MODULES, ctx,
-                               {"member": m, "roles": roles, "init": init, "dataset": dataset},
+            inputs = {"member": m, "roles": roles, "init": init, "dataset": dataset}
+            if m.bootstrap.refine_per_problem:
+                inputs["grading"] = grading
+            record = run_stage(f"{STAGE}-agent", MODULES, ctx, inputs,
                                lambda folder, m=m, roles=roles: warm_start_owner(
-                                   folder, m, roles, weights[m.name].model_dir, weights[m.name].tokenizer_dir, dataset))
+                                   folder, m, roles, weights[m.name].model_dir, weights[m.name].tokenizer_dir, dataset,
+                                   ctx.grading(grading)))
             weights[m.name] = dataclasses.replace(weights[m.name], model_dir=str(Path(record.dir) / "model"))
             metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
         atomic_write_json(out / "model_dirs.json", {o: w.model_dir for o, w in weights.items()})
@@ -68,16 +73,20 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
 
 
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
-                     dataset: StageRecord) -> dict:
-    """Fine-tune one owner's initial weights on its data mix; writes ``model/`` (complete: with the tokenizer files)
-    and ``mix.json`` into ``out``."""
+                     dataset: StageRecord, grading: GradingConfig) -> dict:
+    """Fine-tune one owner's initial weights on its data mix (generate examples, and refine examples of faulty
+    variants graded in the sandbox with ``grading``); writes ``model/`` (complete: with the tokenizer files),
+    ``mix.json`` and, with refine examples, ``faulty.json`` (problem id, faulty program, its public status) into
+    ``out``."""
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mars2.data.tables import problems_from_frame
-    from mars2.search.prompts import chat_messages, generate_prompt
+    from mars2.search.prompts import chat_messages, generate_prompt, refine_prompt, result_summary
+    from mars2.search.run import public_grader
     from mars2.train.checkpoints import complete_model_folder
-    from mars2.train.warm_start import supervised_warm_start, warm_start_examples, warm_start_mix
+    from mars2.train.warm_start import (faulty_attempts, refine_examples, supervised_warm_start, warm_start_examples,
+                                        warm_start_mix)
 
     if "reference_solutions.json" not in dataset.files:
         raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm or humaneval); "
@@ -89,8 +98,19 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
     mix = set(warm_start_mix([p.id for p in train], b.data_fraction, b.seed))
     problems = [p for p in train if p.id in mix]
     role_of = {p.id: roles[i % len(roles)] for i, p in enumerate(problems)}
-    examples = warm_start_examples(problems, references, tok, lambda p: tok.apply_chat_template(
-        chat_messages(generate_prompt(p), role_of[p.id]), tokenize=False, add_generation_prompt=True))
+    def chat(p, user_prompt: str) -> str:
+        return tok.apply_chat_template(chat_messages(user_prompt, role_of[p.id]), tokenize=False,
+                                       add_generation_prompt=True)
+
+    examples = warm_start_examples(problems, references, tok, lambda p: chat(p, generate_prompt(p)))
+    faulty_stats: dict[str, float] = {}
+    if b.refine_per_problem:
+        cases, harmless = faulty_attempts(problems, references, b.refine_per_problem, b.seed, public_grader(grading))
+        examples += refine_examples(cases, references, tok, lambda p, code, v, i: chat(p, refine_prompt(
+            p, code, result_summary(v.status, v.passed, v.total, v.detail, detailed=i % 2 == 1))))
+        atomic_write_json(out / "faulty.json", [{"problem_id": p.id, "code": code, "status": v.status}
+                                                for p, code, v in cases])
+        faulty_stats = {"refine_examples": len(cases), "harmless_variants": harmless}
     model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
     with Progress(transient=True) as bar:
         job = bar.add_task(f"bootstrap {member.name}", total=b.steps)
@@ -100,4 +120,4 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
     model.save_pretrained(out / "model", safe_serialization=True)
     complete_model_folder(out / "model", tokenizer, source_model_dir=init_model)
     atomic_write_json(out / "mix.json", sorted(mix))
-    return {"metrics": stats}
+    return {"metrics": stats | faulty_stats}

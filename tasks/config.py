@@ -17,13 +17,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mars2.config import ConfigError, RunConfig, validate
+from mars2.config import ConfigError, RunConfig, StudyConfig, validate
 
 log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 ConfigStore.instance().store(name="run_schema", node=RunConfig)
+ConfigStore.instance().store(group="study", name="study_schema", node=StudyConfig)  # conf/study/*.yaml extend it
 
 
 def register_roster_presets(path: Path = CONF_DIR / "roster" / "tiny_warm.yaml") -> list[str]:

@@ -25,7 +25,8 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
     def produce(out: Path) -> dict:
         from mars2.rl.reward import hidden_test_verdicts, verdict_metrics
 
-        rows = pd.read_parquet(samples.path("trees.parquet"), columns=["problem_id", "node_id", "agent", "code"])
+        columns = ["problem_id", "node_id", "agent", "action", "parent_agent", "code"]
+        rows = pd.read_parquet(samples.path("trees.parquet"), columns=columns)
         with stage_progress(f"grading c{cycle}", "programs", every_s=ctx.progress_every_s) as advance:
             verdicts = hidden_test_verdicts(rows, problems_by_id(dataset, "train.parquet"), ctx.grading(grading),
                                             progress=advance)

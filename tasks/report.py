@@ -164,6 +164,8 @@ class RunReport:
 GLOSSARY = {
     "x-agent, cross_agent_refine_share": "share of refinements in which an agent refines another agent's program",
     "pass, grading/pass_rate": "share of the rollout's programs that pass the hidden tests (reward 1)",
+    "refine, grading/refine_pass_rate": "the same among the rollout's refinements alone (cross_refine_pass_rate: "
+                                        "refinements of another agent's program; generate_pass_rate: fresh programs)",
     "flat, flat_tree_share": "share of trees whose rewards are all equal: no advantage, nothing trained",
     "|Â|, advantage_abs_mean": "mean absolute advantage of the trained nodes",
     "loss / KL": "each weight owner's update loss and its KL to the reference policy",
@@ -247,7 +249,8 @@ def cycle_of(task_run_name: str) -> int | None:
 
 def cycle_table(rows: list[dict]) -> SummaryTable:
     """What each cycle did, ran or cached: trees and nodes built, the share of refinements that refine another
-    agent's program (the team at work in one tree), the rollouts' pass rate on the hidden tests, the share of flat
+    agent's program (the team at work in one tree), the rollouts' pass rate on the hidden tests and that of their
+    refinements alone (does refining work?), the share of flat
     trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the team's held-out
     Pass@1 where the cycle was evaluated ("before": the starting weights)."""
     owners = sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith("update/")})
@@ -268,12 +271,14 @@ def cycle_table(rows: list[dict]) -> SummaryTable:
         adv = advantage.get("advantage_abs_mean")
         out.append({"cycle": str(cycle) if cycle >= 0 else "before", "trees": str(int(rollout.get("n_problems", 0))),
                     "nodes": str(int(rollout.get("n_nodes", 0))), "x-agent": pct(rollout.get("cross_agent_refine_share")),
-                    "pass": pct(grading.get("pass_rate")), "flat": pct(advantage.get("flat_tree_share")),
+                    "pass": pct(grading.get("pass_rate")), "refine": pct(grading.get("refine_pass_rate")),
+                    "flat": pct(advantage.get("flat_tree_share")),
                     "|Â|": "-" if adv is None else f"{adv:.3f}", **updates,
                     "Pass@1": pct(m.get("eval", {}).get("team/pass_at_1"))})
-    columns = ["cycle", "trees", "nodes", "x-agent", "pass", "flat", "|Â|", *owners, "Pass@1"]
+    columns = ["cycle", "trees", "nodes", "x-agent", "pass", "refine", "flat", "|Â|", *owners, "Pass@1"]
     return SummaryTable("per cycle", pd.DataFrame(out, columns=columns),
                         "x-agent: refinements of another agent's program · pass: rollouts passing the hidden tests · "
+                        "refine: refinements passing them · "
                         "flat: trees with equal rewards (nothing trained) · |Â|: mean |advantage| · "
                         f"{', '.join(owners) or 'each agent'}: update loss / KL · Pass@1: the team's, held out")
 

@@ -144,3 +144,16 @@ def test_the_gate_flow_logs_its_table_and_figures_to_one_mlflow_run(run_flow_cli
     assert {"gate.md", "attempts.parquet", "attempts.csv", "summary.md"} <= artefacts
     again = run_flow_cli("gate.py", *args)
     assert again.returncode == 0 and "Every stage came from cache" in again.stderr
+
+
+def test_rollout_verdicts_report_the_pass_rate_of_refinements_and_of_cross_agent_ones():
+    from mars2.rl.reward import verdict_metrics
+
+    verdicts = pd.DataFrame({"agent": ["a", "a", "b", "b", "a"], "action": ["generate", "refine", "refine", "refine",
+                                                                           "generate"],
+                             "parent_agent": [None, "a", "a", "b", None], "reward": [1.0, 0.0, 1.0, 0.0, 0.0],
+                             "status": ["AC", "WA", "AC", "WA", "WA"]})
+    m = verdict_metrics(verdicts)
+    assert m["generate_pass_rate"] == 0.5 and m["refine_pass_rate"] == pytest.approx(1 / 3)
+    assert m["cross_refine_pass_rate"] == 1.0
+    assert "refine_pass_rate" not in verdict_metrics(verdicts[verdicts["action"] == "generate"])

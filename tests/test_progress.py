@@ -65,7 +65,7 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
     console.print(evaluation_table(after))
     rows = [{"cycle": -1, "stage": "eval", "metrics": before},
             {"cycle": 0, "stage": "rollout", "metrics": {"n_problems": 2, "n_nodes": 8, "cross_agent_refine_share": 0.375}},
-            {"cycle": 0, "stage": "grading", "metrics": {"pass_rate": 0.125}},
+            {"cycle": 0, "stage": "grading", "metrics": {"pass_rate": 0.125, "refine_pass_rate": 0.0625}},
             {"cycle": 0, "stage": "eval", "metrics": after}]
     console.print(cycle_table(rows))
     text = console.export_text()
@@ -75,7 +75,8 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
     assert "→" in first and "→" not in second.split("per cycle")[0]  # without a "before", plain numbers
     lines = [line.split("│") for line in text.splitlines() if line.startswith("│")]
     assert [c[1].strip() for c in lines if c[1].strip() in ("before", "0")] == ["before", "0"]
-    assert any("12.5%" in line and "37.5%" in line for line in text.splitlines())  # pass rate, cross-agent share
+    # pass rate, refine pass rate, cross-agent share
+    assert any("12.5%" in line and "37.5%" in line and "6.2%" in line for line in text.splitlines())
     # the same tables as markdown (the Prefect artifact, summary.md): every row has the header's cells, |Â| escaped
     for table in (cycle_table(rows), evaluation_table(after, before)):
         lines = [line for line in table.markdown().splitlines() if line.startswith("|")]

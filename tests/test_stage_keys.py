@@ -83,14 +83,16 @@ def test_rollout_keys_on_the_whole_search_and_how_agents_generate(cfg, tmp_path)
 
 
 def test_agents_and_warm_start_key_on_what_builds_the_weights(cfg, tmp_path):
-    def keys(members):
+    def keys(members, grading=cfg.grading):
         return (_key(agents.init_agents, tmp_path, members=members, dataset=_record("data")),
                 _key(bootstrap.bootstrap_agents, tmp_path, members=members, agents=_record("agents"),
-                     dataset=_record("data")))
+                     dataset=_record("data"), grading=grading))
 
     base = keys(cfg.agents.members)
     assert keys(_optimizer(cfg, lr=0.5)) == base  # an lr sweep of the RL update reuses both
     assert keys(_member(cfg, gpus=2)) == base
+    assert keys(cfg.agents.members, replace(cfg.grading, workers=7)) == base
+    assert keys(cfg.agents.members, replace(cfg.grading, time_limit_s=1.0))[1] != base[1]  # decides refine examples
     boot = _member(cfg, bootstrap=replace(cfg.agents.members[0].bootstrap, steps=3))
     assert keys(boot)[0] == base[0] and keys(boot)[1] != base[1]
     tiny = _member(cfg, tiny=replace(cfg.agents.members[0].tiny, seed=9))

@@ -33,6 +33,23 @@ def test_study_config_composes_and_checks_equal_budgets():
         compose_study(["study=smoke", "study.controls.composed.weights={qwen_tiny: single}"])
     with pytest.raises(ConfigError, match="a metric among"):
         compose_study(["study=smoke", "study.claims=[{name: x, metric: pass_at_2, better: base, worse: grpo}]"])
+    with pytest.raises(ConfigError, match="gate_arm='single' is not an arm"):
+        compose_study(["study=smoke", "study.gate_arm=single"])
+
+
+def test_a_study_whose_gate_does_not_pass_refuses_to_start_its_arms(tmp_path, run_flow_cli):
+    """The briefly warm-started team's refines do not beat fresh samples: the study stops after the gate, says why
+    and how to go on, and trains nothing; the gate's run is nested under the study's."""
+    arm = ["agents=tiny_cpu_warm", "agents.members.1.bootstrap.steps=30", "gate.max_problems=3", "gate.n_fresh=2",
+           "gate.n_parents=1", "gate.n_boot=200"]
+    r = run_flow_cli("study.py", "study=smoke", "study.gate_arm=heterogeneous",
+                     "study.arms.heterogeneous=[" + ",".join(f"'{o}'" for o in arm) + "]")
+    assert r.returncode != 0
+    assert "the refine gate does not pass for arm 'heterogeneous'" in r.stderr and "study.ignore_gate=true" in r.stderr
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        tags = db.execute("select run_uuid, key, value from tags").fetchall()
+    kinds = sorted(v for _, k, v in tags if k == "mars2.kind")
+    assert kinds == ["gate", "study"]
 
 
 def test_a_run_without_the_study_agent_has_no_pass_at_1_of_it(tmp_path):

@@ -77,3 +77,51 @@ def test_no_reference_solutions_is_a_clear_error():
         warm_start_examples(problems, {}, None, str)
     with pytest.raises(ValueError, match="steps"):
         supervised_warm_start(None, [], pad_id=0, steps=0, lr=1.0, batch_size=1, seed=0)
+
+
+def test_one_token_faults_change_one_token_and_leave_comments_and_other_strings_alone():
+    import random
+
+    from mars2.train.warm_start import faulty_variants, mutate, mutation_sites
+
+    source = 'n = int(input())  # read 3 numbers\nif n < 10 and s == "b":\n    print(min(n, 2), "Yes")\n'
+    sites = mutation_sites(source)
+    replaced = sorted(source.splitlines()[line - 1][start:end] for line, start, end, _ in sites)
+    assert replaced == sorted(["<", "10", "10", "and", "==", '"b"', "min", "2", "2"])
+    assert mutate(source, next(s for s in sites if s[3] == "<=")) == source.replace("n < 10", "n <= 10")
+    assert mutate(source, next(s for s in sites if s[3] == '"c"')) == source.replace('"b"', '"c"')
+    variants = faulty_variants(source, random.Random(0), 20)
+    assert len(variants) == len(set(variants)) == len(sites) and source not in variants
+    assert variants == faulty_variants(source, random.Random(0), 20)  # seeded
+    assert all(v.count("# read 3 numbers") == 1 for v in variants)
+    assert len(faulty_variants(source, random.Random(0), 2)) == 2
+
+
+def test_faulty_attempts_keep_variants_that_fail_a_public_test_with_their_verdict():
+    """Graded by the real sandbox on the toy problems' public tests: every kept variant fails, at most k per problem,
+    and the refine example asks for the reference from the tree's refine prompt."""
+    from mars2.config import GradingConfig
+    from mars2.data.toy import toy_reference_solutions
+    from mars2.search.prompts import refine_prompt, result_summary
+    from mars2.search.run import public_grader
+    from mars2.train.warm_start import faulty_attempts, refine_examples
+
+    problems, _ = load_problems(toy_benchmark(6, seed=0), source="toy")
+    refs = toy_reference_solutions(6, 0)
+    grade = public_grader(GradingConfig(time_limit_s=2.0, workers=2, isolation="process"))
+    cases, harmless = faulty_attempts(problems, refs, 2, 0, grade)
+    assert cases and harmless >= 0
+    per_problem = {}
+    for p, code, verdict in cases:
+        per_problem[p.id] = per_problem.get(p.id, 0) + 1
+        assert code != refs[p.id] and verdict.status != "AC" and verdict.total == len(p.public_tests)
+    assert max(per_problem.values()) <= 2 and len(per_problem) >= 4
+    again = [g.status for g in grade([(code, p.public_tests, p.func_name) for p, code, _ in cases])]
+    assert "AC" not in again
+    tok = train_tokenizer([p.statement for p in problems] + list(refs.values()), 512)
+    examples = refine_examples(cases, refs, tok, lambda p, code, v, i: refine_prompt(
+        p, code, result_summary(v.status, v.passed, v.total, v.detail, detailed=i % 2 == 1)))
+    assert len(examples) == len(cases)
+    first_prompt = tok.decode(examples[0].prompt_ids)
+    assert cases[0][1].strip() in first_prompt and "A previous attempt" in first_prompt
+    assert tok.decode(examples[0].response_ids[:-1]) == reference_answer(refs[cases[0][0].id])

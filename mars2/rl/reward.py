@@ -55,11 +55,19 @@ def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Probl
 
 
 def verdict_metrics(verdicts: pd.DataFrame) -> dict[str, float]:
-    """Pass rate (mean reward) overall and per agent, the count of each verdict status, and ``sandbox_failures``:
-    programs whose slot failed twice (``RE``, "sandbox failure"; a rising count is a host problem, or a policy
-    learning to break its sandbox)."""
+    """Pass rate (mean reward) overall and per agent; with the nodes' ``action`` (and ``parent_agent``), the pass rate
+    of fresh programs (``generate_pass_rate``), of refinements (``refine_pass_rate``) and of refinements of another
+    agent's program (``cross_refine_pass_rate``), each only where there are such nodes; the count of each verdict
+    status, and ``sandbox_failures``: programs whose slot failed twice (``RE``, "sandbox failure"; a rising count is
+    a host problem, or a policy learning to break its sandbox)."""
     metrics = {f"{agent}/pass_rate": float(g["reward"].mean()) for agent, g in verdicts.groupby("agent")}
     metrics["pass_rate"] = float(verdicts["reward"].mean())
+    if "action" in verdicts:
+        refine = verdicts["action"] == "refine"
+        parts = {"generate_pass_rate": ~refine, "refine_pass_rate": refine}
+        if "parent_agent" in verdicts:
+            parts["cross_refine_pass_rate"] = refine & (verdicts["parent_agent"] != verdicts["agent"])
+        metrics |= {name: float(verdicts.loc[rows, "reward"].mean()) for name, rows in parts.items() if rows.any()}
     if "detail" in verdicts:
         metrics["sandbox_failures"] = float(verdicts["detail"].str.startswith("sandbox failure").sum())
     metrics.update({f"status/{s}": float(n) for s, n in verdicts["status"].value_counts().items()})

@@ -5,6 +5,11 @@ supervised fine-tune on reference programs gives each agent a prior that passes 
 all, so the RL loop has a signal to learn from. Agents differ in data mix (a seeded share of the training
 problems), seed and architecture, so their priors differ the way real heterogeneous models' do.
 
+A tree refines failed programs, so a warm-start on generate prompts alone leaves the refine prompt out of
+distribution. With ``refine_per_problem`` > 0 the mix also holds *refine* examples: a faulty variant of the
+reference (one constant, operator or builtin changed: :func:`faulty_variants`) that fails a public test, shown in
+the tree's refine prompt with its verdict, and the reference as the answer.
+
 The loss is next-token cross-entropy on the response tokens only (the prompt is context):
 
     L = − Σ_i Σ_{t ∈ response_i} log π(y_t | x_i, y_<t) / Σ_i |response_i|
@@ -15,11 +20,14 @@ the RL updates that follow go through the agent's DeepSpeed engine (:mod:`mars2.
 
 from __future__ import annotations
 
+import io
 import math
 import random
 import time
+import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,6 +74,92 @@ def warm_start_examples(problems: Sequence[Problem], references: Mapping[str, st
         out.append(WarmStartExample(p.id, prompt_ids, answer + [tokenizer.eos_token_id]))
     if not out:
         raise ValueError("bootstrap: none of the training problems has a reference solution")
+    return out
+
+
+# one-token faults: each operator, builtin or keyword becomes a plausible wrong neighbour
+SWAPS = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "==", "+": "-", "-": "+", "*": "+", "//": "%",
+         "%": "//", "+=": "-=", "-=": "+=", "min": "max", "max": "min", "True": "False", "False": "True", "and": "or",
+         "or": "and", "sorted": "list", "sum": "max", "any": "all", "all": "any", "abs": "int", "reversed": "sorted",
+         "upper": "lower", "lower": "upper", "append": "remove", "break": "continue", "gcd": "lcm", "count": "index"}
+
+
+def mutation_sites(source: str) -> list[tuple[int, int, int, str]]:
+    """Every one-token fault of ``source`` as ``(line, start col, end col, replacement)``: an integer literal
+    n → n + 1 and n − 1 (0 → 1), a token of :data:`SWAPS` → its swap, a short lowercase string literal → one letter
+    on (``"b"`` → ``"c"``) or its last letter dropped (``"aeiou"`` → ``"aeio"``). Comments are left alone."""
+    sites = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        (line, start), (_, end) = tok.start, tok.end
+        if tok.type == tokenize.NUMBER and tok.string.isdigit():
+            n = int(tok.string)
+            sites += [(line, start, end, str(m)) for m in ((n + 1, n - 1) if n > 0 else (1,))]
+        elif tok.type == tokenize.STRING and tok.string[0] in "'\"" and tok.string[1:-1].isalpha() \
+                and tok.string[1:-1].islower() and len(tok.string) <= 12:
+            q, text = tok.string[0], tok.string[1:-1]
+            faulty = chr((ord(text) - ord("a") + 1) % 26 + ord("a")) if len(text) == 1 else text[:-1]
+            sites.append((line, start, end, q + faulty + q))
+        elif tok.type in (tokenize.OP, tokenize.NAME) and tok.string in SWAPS:
+            sites.append((line, start, end, SWAPS[tok.string]))
+    return sites
+
+
+def mutate(source: str, site: tuple[int, int, int, str]) -> str:
+    """``source`` with one site's token replaced."""
+    line, start, end, replacement = site
+    lines = source.splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1][:start] + replacement + lines[line - 1][end:]
+    return "".join(lines)
+
+
+def faulty_variants(source: str, rng: random.Random, k: int) -> list[str]:
+    """Up to ``k`` distinct one-token faults of ``source`` (in a seeded order) that still parse. Whether one fails a
+    test is for the grader to say: a fault may be harmless (``<`` → ``<=`` on a bound never reached)."""
+    sites = mutation_sites(source)
+    rng.shuffle(sites)
+    out: list[str] = []
+    for site in sites:
+        variant = mutate(source, site)
+        if variant in out or variant == source:
+            continue
+        try:
+            compile(variant, "<variant>", "exec")  # parses only; nothing runs
+        except SyntaxError:
+            continue
+        out.append(variant)
+        if len(out) == k:
+            break
+    return out
+
+
+def faulty_attempts(problems: Sequence[Problem], references: Mapping[str, str], k: int, seed: int,
+                    grade: Callable[[list[tuple[str, Sequence[Any], str | None]]], list[Any]]
+                    ) -> tuple[list[tuple[Problem, str, Any]], int]:
+    """Per problem with a reference, up to ``k`` faulty variants that fail a public test, each with its verdict
+    (``grade``: the search's public-test grader, run in the sandbox); and how many graded variants were harmless
+    (passed every public test). Three candidates per wanted variant are graded."""
+    rng = random.Random(seed)
+    candidates = [(p, v) for p in problems if p.id in references
+                  for v in faulty_variants(references[p.id], rng, 3 * k)]
+    verdicts = grade([(v, p.public_tests, p.func_name) for p, v in candidates])
+    kept: dict[str, int] = {}
+    out = []
+    for (p, v), verdict in zip(candidates, verdicts, strict=True):
+        if verdict.status != "AC" and kept.get(p.id, 0) < k:
+            kept[p.id] = kept.get(p.id, 0) + 1
+            out.append((p, v, verdict))
+    return out, sum(v.status == "AC" for v in verdicts)
+
+
+def refine_examples(cases: Sequence[tuple[Problem, str, Any]], references: Mapping[str, str], tokenizer,
+                    prompt_of: Callable[[Problem, str, Any, int], str]) -> list[WarmStartExample]:
+    """Tokenised refine examples: ``prompt_of(problem, faulty program, its verdict, i)`` is the i-th case's
+    chat-formatted refine prompt, the answer the problem's reference in the answer format."""
+    out = []
+    for i, (problem, faulty, verdict) in enumerate(cases):
+        prompt_ids = tokenizer(prompt_of(problem, faulty, verdict, i), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(reference_answer(references[problem.id]), add_special_tokens=False)["input_ids"]
+        out.append(WarmStartExample(problem.id, prompt_ids, answer + [tokenizer.eos_token_id]))
     return out
 
 
