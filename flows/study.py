@@ -162,7 +162,8 @@ def check_gate(study: StudyConfig, nest: list[str]) -> dict:
     m = gate["gate"]
     raise GateNotPassed(
         f"the refine gate does not pass for arm {study.gate_arm!r}: refining a failed program succeeds "
-        f"{100 * m.get('all/refine', 0):.1f}% of the time against {100 * m.get('all/fresh', 0):.1f}% for a fresh sample "
+        f"{100 * m.get('all/refine', 0):.1f}% of the time against {100 * m.get('all/fresh', 0):.1f}% for a fresh "
+        "sample "
         f"(Δ {100 * m.get('all/delta', 0):+.1f} points, interval [{100 * m.get('all/low', 0):+.1f}, "
         f"{100 * m.get('all/high', 0):+.1f}]), so the tree's refine nodes are wasted samples and the study cannot show "
         f"cross-agent refinement; see {gate['gate_dir']}/gate.md. Set study.ignore_gate=true to run it anyway.")

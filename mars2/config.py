@@ -492,7 +492,8 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if gate.n_fresh < 1 or gate.n_parents < 1 or gate.n_boot < 1 or not 0 < gate.level < 1 \
             or (gate.max_problems is not None and gate.max_problems < 1):
         _fail("gate.n_fresh, gate.n_parents, gate.n_boot and gate.max_problems (or null) must be >= 1 and gate.level "
-              "in (0, 1)", f"Got {gate.n_fresh}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and {gate.level}.")
+              "in (0, 1)",
+              f"Got {gate.n_fresh}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and {gate.level}.")
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
     from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy, as above

@@ -56,8 +56,9 @@ class RunReport:
     def finish(self, status: str, eval_metrics: dict[str, float], run_metrics: dict[str, float] | None = None,
                failed: Sequence[str] = (), notes: str = "") -> dict:
         """Log the stage table (with the ``failed`` stages, by task run name), ``run_metrics`` (e.g.
-        ``engine_starts``) and the summary (``summary.md``; ``notes``, markdown, follow its tables), close the MLflow run, print the summary and publish it to
-        the Prefect flow run (:func:`publish_to_prefect`); returns it as a dict.
+        ``engine_starts``) and the summary (``summary.md``; ``notes``, markdown, follow its tables), close the MLflow
+        run, print the summary and publish it to the Prefect flow run (:func:`publish_to_prefect`); returns it as a
+        dict.
 
         A finished re-run where every stage came from cache logs nothing: it points at the earlier run instead."""
         self.rows += [{"cycle": cycle_of(name), "stage": name, "status": "failed", "seconds": 0.0, "key": "",

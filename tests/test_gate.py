@@ -7,7 +7,8 @@ import pytest
 from mars2.backends import Generation, SamplingParams
 from mars2.config import GradingConfig
 from mars2.data import problem_from_lcb_row, toy_benchmark, toy_reference_solutions
-from mars2.eval.gate import ATTEMPT_COLUMNS, gate_attempts, gate_markdown, gate_metrics, gate_passes, gate_table, refine_outcomes
+from mars2.eval.gate import (ATTEMPT_COLUMNS, gate_attempts, gate_markdown, gate_metrics, gate_passes, gate_table,
+                             refine_outcomes)
 from mars2.rl.reward import unique_hidden_test_verdicts
 from mars2.search.run import public_grader
 from mars2.search.tree_search import AgentRunner
@@ -96,7 +97,8 @@ def test_the_gate_matches_each_refine_with_its_refiners_fresh_rate_on_the_same_p
     metrics = gate_metrics(table.reset_index())
     assert metrics["fixer-refines-copier/delta"] == 1.0 and metrics["passes"] == float(gate_passes(table.reset_index()))
     text = gate_markdown(table.reset_index(), refine_outcomes(graded))
-    assert "| fixer-refines-copier | 4 | 8 | 100.0 | 0.0 | +100.0 |" in text and "| copier | fixer | 8 | 100.0 | 100.0 | 0.0 |" in text
+    assert "| fixer-refines-copier | 4 | 8 | 100.0 | 0.0 | +100.0 |" in text
+    assert "| copier | fixer | 8 | 100.0 | 100.0 | 0.0 |" in text
 
 
 def test_refine_outcomes_count_copies_compiles_and_passes(team):
@@ -111,8 +113,8 @@ def test_the_gate_passes_only_when_the_pooled_interval_is_above_zero():
     rng = np.random.default_rng(0)
     rows = []
     for p in range(30):
-        rows += [{"problem_id": f"p{p}", "kind": "fresh", "agent": "a", "author": "a", "reward": float(rng.random() < .2)}
-                 for _ in range(4)]
+        rows += [{"problem_id": f"p{p}", "kind": "fresh", "agent": "a", "author": "a",
+                  "reward": float(rng.random() < .2)} for _ in range(4)]
         rows += [{"problem_id": f"p{p}", "kind": "refine", "agent": "a", "author": "a", "reward": better}
                  for better in (1.0, float(rng.random() < .5))]
     table = gate_table(pd.DataFrame(rows), n_boot=1000)
@@ -126,7 +128,7 @@ def test_the_gate_passes_only_when_the_pooled_interval_is_above_zero():
 @pytest.mark.slow
 def test_the_gate_flow_logs_its_table_and_figures_to_one_mlflow_run(run_flow_cli, tmp_path):
     """flows/gate.py on the random tiny team (whose refines never pass): the gate does not pass, the summary says so,
-    MLflow has the figures and the attempts, and a second identical command computes nothing."""
+    and MLflow has the figures and the attempts."""
     import sqlite3
 
     from flowenv import RANDOM_TEAM
@@ -142,8 +144,6 @@ def test_the_gate_flow_logs_its_table_and_figures_to_one_mlflow_run(run_flow_cli
     assert metrics["gate/passes"] == 0.0 and metrics["gate/all/attempts"] == 3 * 2 * 2
     artefacts = {p.name for p in (tmp_path / "mlartifacts").rglob("*") if p.is_file()}
     assert {"gate.md", "attempts.parquet", "attempts.csv", "summary.md"} <= artefacts
-    again = run_flow_cli("gate.py", *args)
-    assert again.returncode == 0 and "Every stage came from cache" in again.stderr
 
 
 def test_rollout_verdicts_report_the_pass_rate_of_refinements_and_of_cross_agent_ones():

@@ -249,8 +249,11 @@ def test_zero3_update_in_one_process_matches_zero0(tiny_model_dir, tiny_tokenize
     z3 = update_agent(out_dir=tmp_path / "z3", profile=ZERO3, **args)
     assert z3["optimizer_steps"] == z0["optimizer_steps"] == 2
     assert z3["kl"] == pytest.approx(z0["kl"], rel=1e-4, abs=1e-9)
-    assert _max_change(tmp_path / "z3" / "model", tmp_path / "z0" / "model") < 1e-5
-    assert _max_change(tmp_path / "z3" / "model", Path(tiny_model_dir)) > 1e-4
+    # the same two AdamW steps: reduction order differs between the layouts, and Adam's m/√v amplifies it where a
+    # gradient is near zero (its sign can flip), so the bound is relative to how far the weights moved
+    moved = _max_change(tmp_path / "z0" / "model", Path(tiny_model_dir))
+    assert moved > 1e-4 and _max_change(tmp_path / "z3" / "model", Path(tiny_model_dir)) > 1e-4
+    assert _max_change(tmp_path / "z3" / "model", tmp_path / "z0" / "model") < 0.01 * moved
 
 
 def test_zero3_updates_leave_no_engine_or_model_alive(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -35,9 +35,8 @@ from mars2.search.prompts import extract_code, refine_prompt, result_summary
 from mars2.search.sampling import run_independent_sampling
 from mars2.search.tree_search import AgentRunner, GradeFn, public_score
 
-ATTEMPT_COLUMNS = ("problem_id", "node_id", "kind", "agent", "author", "parent", "code", "public_status", "public_passed",
-                   "public_total", "score", "response_len")
-SETS = ("all", "self", "cross")  # the pooled rows of the gate table, before the refiner–author pairs
+ATTEMPT_COLUMNS = ("problem_id", "node_id", "kind", "agent", "author", "parent", "code", "public_status",
+                   "public_passed", "public_total", "score", "response_len")
 
 
 def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], *, n_fresh: int, n_parents: int,
@@ -46,8 +45,8 @@ def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner
     """Every fresh program and every refine attempt, one row each (:data:`ATTEMPT_COLUMNS`), scored on the public
     tests. ``node_id`` numbers a problem's rows, fresh ones first; ``kind`` is ``fresh`` or ``refine``; a refine row's
     ``author`` and ``parent`` name the fresh row it refines (its agent and ``node_id``); fresh rows have ``author`` =
-    ``agent`` and ``parent`` = −1. ``progress`` is told ``(programs generated, programs in all)``: the total grows once the
-    parents are known."""
+    ``agent`` and ``parent`` = −1. ``progress`` is told ``(programs generated, programs in all)``: the total grows once
+    the parents are known."""
     if n_fresh < 1 or n_parents < 1:
         raise ValueError(f"the gate needs n_fresh >= 1 and n_parents >= 1, got {n_fresh} and {n_parents}")
     by_id = {p.id: p for p in problems}
@@ -109,7 +108,8 @@ def gate_table(attempts: pd.DataFrame, *, n_boot: int = 10_000, level: float = 0
     agents = sorted(attempts["agent"].unique())
     sets = {"all": refines, "self": refines[refines["agent"] == refines["author"]],
             "cross": refines[refines["agent"] != refines["author"]]}
-    sets |= {f"{a}-refines-{b}": refines[(refines["agent"] == a) & (refines["author"] == b)] for a in agents for b in agents}
+    sets |= {f"{a}-refines-{b}": refines[(refines["agent"] == a) & (refines["author"] == b)]
+             for a in agents for b in agents}
     rows = []
     for name, rs in sets.items():
         row: dict[str, Any] = {"set": name, "problems": rs["problem_id"].nunique(), "attempts": len(rs)}
@@ -177,7 +177,8 @@ def gate_markdown(table: pd.DataFrame, outcomes: pd.DataFrame) -> str:
         lines.append(f"| {r.set} | {r.problems} | {r.attempts} | {pct(r.refine)} | {pct(r.fresh)} | {delta} | "
                      f"{interval} | {r.verdict} |")
     lines += ["", "Refine attempts by refiner and author of the parent:", "",
-              "| refiner | author | attempts | compile % | copied parent % | passed % |", "|---|---|---:|---:|---:|---:|"]
+              "| refiner | author | attempts | compile % | copied parent % | passed % |",
+              "|---|---|---:|---:|---:|---:|"]
     lines += [f"| {o.agent} | {o.author} | {o.attempts} | {pct(o.compiles)} | {pct(o.copied)} | {pct(o.passed)} |"
               for o in outcomes.itertuples(index=False)]
     return "\n".join(lines) + "\n"
