@@ -80,6 +80,12 @@ class BootstrapConfig:
     # refine examples per problem of the mix: a one-token fault of the reference that fails a public test, in the tree's
     # refine prompt with its verdict (every other one with T+ detail), the reference as the answer; 0 = generate only
     refine_per_problem: int = 0
+    # then a second phase of own_failures_steps steps on the same examples plus the agent's own failures: it samples
+    # own_failures programs per problem of its mix (at own_failures_temperature) and each that fails a public test
+    # becomes a refine example with the reference as the answer (0: no second phase)
+    own_failures: int = 0
+    own_failures_steps: int = 0
+    own_failures_temperature: float = 0.7
 
 
 @dataclass
@@ -560,11 +566,13 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         if m.model != "tiny" and m.shares_weights_with is None and _is_smollm2(m.model):
             _validate_smollm2(where, m, planning=True)
         b = m.bootstrap
-        if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1 or b.refine_per_problem < 0:
-            _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1, 0 < data_fraction <= 1 and "
-                  "refine_per_problem >= 0",
+        if b.steps < 0 or b.lr <= 0 or b.batch_size < 1 or not 0 < b.data_fraction <= 1 or b.refine_per_problem < 0 \
+                or b.own_failures < 0 or b.own_failures_steps < 0 or (b.own_failures > 0) != (b.own_failures_steps > 0):
+            _fail(f"{where}: bootstrap needs steps >= 0, lr > 0, batch_size >= 1, 0 < data_fraction <= 1, "
+                  "refine_per_problem >= 0, and own_failures and own_failures_steps both 0 or both >= 1",
                   f"Got steps={b.steps}, lr={b.lr}, batch_size={b.batch_size}, data_fraction={b.data_fraction}, "
-                  f"refine_per_problem={b.refine_per_problem}.")
+                  f"refine_per_problem={b.refine_per_problem}, own_failures={b.own_failures}, "
+                  f"own_failures_steps={b.own_failures_steps}.")
         if b.steps and m.shares_weights_with is not None:
             _fail(f"{where}: a role sharing weights cannot have its own bootstrap",
                   f"Set bootstrap on the weight owner {m.shares_weights_with!r}.")

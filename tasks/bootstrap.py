@@ -27,7 +27,7 @@ READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
          "grading": ("time_limit_s", "memory_mb", "isolation", "parity")}
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
-           "mars2.sandbox", "mars2.data.schema", "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
+           "mars2.backends", "mars2.sandbox", "mars2.data.schema", "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:
@@ -75,18 +75,19 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
                      dataset: StageRecord, grading: GradingConfig) -> dict:
     """Fine-tune one owner's initial weights on its data mix (generate examples, and refine examples of faulty
-    variants graded in the sandbox with ``grading``); writes ``model/`` (complete: with the tokenizer files),
-    ``mix.json`` and, with refine examples, ``faulty.json`` (problem id, faulty program, its public status) into
-    ``out``."""
+    variants graded in the sandbox with ``grading``), then, with ``own_failures``, a second phase that adds its own
+    failed samples as refine examples; writes ``model/`` (complete: with the tokenizer files), ``mix.json`` and the
+    refine cases (problem id, program, public status) as ``faulty.json`` / ``own_failures.json`` into ``out``."""
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mars2.backends.transformers_backend import TransformersBackend
     from mars2.data.tables import problems_from_frame
     from mars2.search.prompts import chat_messages, generate_prompt, refine_prompt, result_summary
     from mars2.search.run import public_grader
     from mars2.train.checkpoints import complete_model_folder
-    from mars2.train.warm_start import (faulty_attempts, refine_examples, supervised_warm_start, warm_start_examples,
-                                        warm_start_mix)
+    from mars2.train.warm_start import (faulty_attempts, own_failures, refine_examples, supervised_warm_start,
+                                        warm_start_examples, warm_start_mix)
 
     if "reference_solutions.json" not in dataset.files:
         raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm or humaneval); "
@@ -98,26 +99,46 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
     mix = set(warm_start_mix([p.id for p in train], b.data_fraction, b.seed))
     problems = [p for p in train if p.id in mix]
     role_of = {p.id: roles[i % len(roles)] for i, p in enumerate(problems)}
+    grade = public_grader(grading)
+
     def chat(p, user_prompt: str) -> str:
         return tok.apply_chat_template(chat_messages(user_prompt, role_of[p.id]), tokenize=False,
                                        add_generation_prompt=True)
 
+    def refining(p, code, v, i) -> str:  # every other refine example shows T+ detail
+        return chat(p, refine_prompt(p, code, result_summary(v.status, v.passed, v.total, v.detail,
+                                                             detailed=i % 2 == 1)))
+
+    def fine_tune(examples, steps: int, seed: int, what: str) -> dict[str, float]:
+        with Progress(transient=True) as bar:
+            job = bar.add_task(f"{what} {member.name}", total=steps)
+            return supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=steps, lr=b.lr,
+                                         batch_size=b.batch_size, seed=seed,
+                                         progress=lambda step, loss: bar.update(job, completed=step))
+
     examples = warm_start_examples(problems, references, tok, lambda p: chat(p, generate_prompt(p)))
-    faulty_stats: dict[str, float] = {}
+    extra: dict[str, float] = {}
     if b.refine_per_problem:
-        cases, harmless = faulty_attempts(problems, references, b.refine_per_problem, b.seed, public_grader(grading))
-        examples += refine_examples(cases, references, tok, lambda p, code, v, i: chat(p, refine_prompt(
-            p, code, result_summary(v.status, v.passed, v.total, v.detail, detailed=i % 2 == 1))))
+        cases, harmless = faulty_attempts(problems, references, b.refine_per_problem, b.seed, grade)
+        examples += refine_examples(cases, references, tok, refining)
         atomic_write_json(out / "faulty.json", [{"problem_id": p.id, "code": code, "status": v.status}
                                                 for p, code, v in cases])
-        faulty_stats = {"refine_examples": len(cases), "harmless_variants": harmless}
+        extra = {"refine_examples": len(cases), "harmless_variants": harmless}
     model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
-    with Progress(transient=True) as bar:
-        job = bar.add_task(f"bootstrap {member.name}", total=b.steps)
-        stats = supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=b.steps, lr=b.lr,
-                                      batch_size=b.batch_size, seed=b.seed,
-                                      progress=lambda step, loss: bar.update(job, completed=step))
+    stats = fine_tune(examples, b.steps, b.seed, "bootstrap")
+    if b.own_failures:
+        longest = max(len(e.response_ids) for e in examples)  # a failure longer than every reference is cut there
+        failures = own_failures(problems, TransformersBackend(model, tok), lambda p: chat(p, generate_prompt(p)),
+                                n=b.own_failures, temperature=b.own_failures_temperature, max_new_tokens=longest,
+                                seed=b.seed, grade=grade)
+        second = fine_tune(examples + refine_examples(failures, references, tok, refining), b.own_failures_steps,
+                       b.seed + 1, "own failures")
+        atomic_write_json(out / "own_failures.json", [{"problem_id": p.id, "code": code, "status": v.status}
+                                                      for p, code, v in failures])
+        extra |= {"own_failures": len(failures), "own_failures_loss_last": second["loss_last"],
+                  "own_failure_share": len(failures) / (b.own_failures * len(problems)),
+                  "own_failures_seconds": second["seconds"]}
     model.save_pretrained(out / "model", safe_serialization=True)
     complete_model_folder(out / "model", tokenizer, source_model_dir=init_model)
     atomic_write_json(out / "mix.json", sorted(mix))
-    return {"metrics": stats | faulty_stats}
+    return {"metrics": stats | extra}

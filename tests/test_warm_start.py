@@ -125,3 +125,34 @@ def test_faulty_attempts_keep_variants_that_fail_a_public_test_with_their_verdic
     first_prompt = tok.decode(examples[0].prompt_ids)
     assert cases[0][1].strip() in first_prompt and "A previous attempt" in first_prompt
     assert tok.decode(examples[0].response_ids[:-1]) == reference_answer(refs[cases[0][0].id])
+
+
+def test_own_failures_are_the_agents_samples_that_fail_a_public_test(tiny_model_dir):
+    """A random tiny model's samples, from its own engine, graded by the real sandbox: every one fails, with its
+    verdict; a stand-in grader that passes the second sample of each problem drops exactly those."""
+    from mars2.backends.transformers_backend import load_transformers_backend
+    from mars2.config import GradingConfig
+    from mars2.search.prompts import generate_prompt
+    from mars2.search.run import public_grader
+    from mars2.train.warm_start import own_failures
+
+    problems, _ = load_problems(toy_benchmark(3, seed=0), source="toy")
+    backend, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompt = lambda p: tok.apply_chat_template([{"role": "user", "content": generate_prompt(p)}], tokenize=False,
+                                               add_generation_prompt=True)
+    grade = public_grader(GradingConfig(time_limit_s=2.0, workers=2, isolation="process"))
+    failures = own_failures(problems, backend, prompt, n=2, temperature=1.0, max_new_tokens=12, seed=0, grade=grade)
+    assert [p.id for p, _, _ in failures] == [p.id for p in problems for _ in range(2)]
+    assert all(v.status != "AC" for _, _, v in failures)
+    again = own_failures(problems, backend, prompt, n=2, temperature=1.0, max_new_tokens=12, seed=0, grade=grade)
+    assert [c for _, c, _ in again] == [c for _, c, _ in failures]  # seeded
+
+    class Verdict:
+        def __init__(self, status):
+            self.status = status
+
+    calls = []
+    some_pass = own_failures(problems, backend, prompt, n=2, temperature=1.0, max_new_tokens=12, seed=0,
+                             grade=lambda jobs: calls.append(jobs) or [Verdict("AC" if i % 2 else "WA")
+                                                                        for i in range(len(jobs))])
+    assert len(calls[0]) == 6 and len(some_pass) == 3 and all(v.status == "WA" for _, _, v in some_pass)

@@ -151,6 +151,23 @@ def faulty_attempts(problems: Sequence[Problem], references: Mapping[str, str], 
     return out, sum(v.status == "AC" for v in verdicts)
 
 
+def own_failures(problems: Sequence[Problem], backend, prompt_of: Callable[[Problem], str], *, n: int,
+                 temperature: float, max_new_tokens: int, seed: int,
+                 grade: Callable[[list[tuple[str | None, Sequence[Any], str | None]]], list[Any]]
+                 ) -> list[tuple[Problem, str | None, Any]]:
+    """The agent's own failures: ``n`` programs per problem sampled by ``backend`` from ``prompt_of(problem)`` (the
+    generate prompt), graded on the public tests; those that fail, with their verdicts, in problem order."""
+    from mars2.backends.base import SamplingParams, request_seed
+    from mars2.search.prompts import extract_code
+
+    params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    outs = backend.generate([prompt_of(p) for p in problems], params,
+                            [request_seed(seed, p.id, "own failures") for p in problems])
+    drawn = [(p, extract_code(g.text)) for p, gens in zip(problems, outs, strict=True) for g in gens]
+    verdicts = grade([(code, p.public_tests, p.func_name) for p, code in drawn])
+    return [(p, code, v) for (p, code), v in zip(drawn, verdicts, strict=True) if v.status != "AC"]
+
+
 def refine_examples(cases: Sequence[tuple[Problem, str, Any]], references: Mapping[str, str], tokenizer,
                     prompt_of: Callable[[Problem, str, Any, int], str]) -> list[WarmStartExample]:
     """Tokenised refine examples: ``prompt_of(problem, faulty program, its verdict, i)`` is the i-th case's
