@@ -26,7 +26,7 @@ from prefect.runtime import flow_run
 
 from tasks import tracking
 from tasks.weights import owner_of
-from tasks.stage import StageContext
+from tasks.stage import StageContext, StageRecord
 from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
 from tasks.cli import check_command_line, run_flow_from_cli
@@ -69,15 +69,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     # one generation engine per weight owner
     with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
         try:
-            checkpoints, hashes = checkpoints_of(cfg)
-            dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-            run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
-            agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
-            if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
-            weights = agents
-            if checkpoints:
-                weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+            dataset, agents, weights = team_weights(cfg, ctx, stage, report)
             result = report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members,
                                                 {o: weights for o in owners}, agents, dataset, 0,
                                                 cfg.data.max_eval_problems), cycle=0, label="eval")
@@ -86,6 +78,24 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
             report.finish("FAILED", metrics, {"engine_starts": engines.starts}, stage.failed)
             raise
         return report.finish("FINISHED", metrics, {"engine_starts": engines.starts})
+
+
+def team_weights(cfg, ctx: StageContext, stage, report: RunReport) -> tuple[StageRecord, StageRecord, StageRecord]:
+    """The data (logged to the run as its datasets), the agents (warm-started where the preset says so, unless every
+    owner has a checkpoint) and the weights to evaluate: the agents', or the checkpoints of ``eval.from_run`` /
+    ``eval.checkpoints`` imported over them."""
+    members = cfg.agents.members
+    owners = [owner_of(m) for m in members if m.shares_weights_with is None]
+    checkpoints, hashes = checkpoints_of(cfg)
+    dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+    report.run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
+    agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+    if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
+        agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
+    weights = agents
+    if checkpoints:
+        weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+    return dataset, agents, weights
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")

@@ -23,18 +23,15 @@ from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.evaluate import checkpoints_of
+from flows.evaluate import checkpoints_of, team_weights
 from mars2.config import RunConfig
 from tasks import tracking
-from tasks.bootstrap import needs_bootstrap
 from tasks.cli import check_command_line, run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
-from tasks.data import source_hash
 from tasks.engines import engine_pool
 from tasks.report import RunReport
 from tasks.stage import StageContext
 from tasks.stages import bound
-from tasks.weights import owner_of
 
 CONFIG_NAME = "config"
 
@@ -55,20 +52,11 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
                             run_name=f"gate-{cfg.agents.preset}-{flow_run.name}", kind="gate")
     report = RunReport(cfg, ctx, run, title="mars2 refine gate")
     stage = bound(cfg.paths.root)
-    members = cfg.agents.members
-    owners = [owner_of(m) for m in members if m.shares_weights_with is None]
     with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
         try:
-            checkpoints, hashes = checkpoints_of(cfg)
-            dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-            agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
-            if needs_bootstrap(members) and not set(owners) <= set(checkpoints):
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
-            weights = agents
-            if checkpoints:
-                weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
-            gate = report.done(stage.refine_gate(ctx, cfg.gate, cfg.search, cfg.grading, cfg.backend, members,
-                                                 weights, agents, dataset), cycle=0)
+            dataset, agents, weights = team_weights(cfg, ctx, stage, report)
+            gate = report.done(stage.refine_gate(ctx, cfg.gate, cfg.search, cfg.grading, cfg.backend,
+                                                 cfg.agents.members, weights, agents, dataset), cycle=0)
         except BaseException:
             report.finish("FAILED", {}, {"engine_starts": engines.starts}, stage.failed)
             raise
@@ -79,7 +67,7 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
 def main(_: DictConfig) -> None:
-    run_flow_from_cli(compose_gate, refine_gate_flow, "refine gate")
+    run_flow_from_cli(lambda overrides: checkpoints_of(compose_gate(overrides)), refine_gate_flow, "refine gate")
 
 
 if __name__ == "__main__":
