@@ -4,9 +4,10 @@
     python flows/study.py study=smoke     # a few minutes
     python flows/study.py study.seeds=[0,1,2]
 
-Every arm × seed is a ``train-cycle`` flow run (and the base arm an ``evaluate`` run) nested under one MLflow
-parent run; all arms see the same problems and the same number of programs per problem per cycle (checked
-before anything runs). Results: ``<out_dir>/study.md`` (the table, the claims of ``study.claims`` with their
+With ``study.gate_arm`` set, the refine gate (flows/gate.py) runs first on that arm's team and the study stops
+unless it passes (``study.ignore_gate=true`` goes on anyway). Every arm × seed is a ``train-cycle`` flow run (and the
+base arm an ``evaluate`` run) nested under one MLflow parent run; all arms see the same problems and the same
+number of programs per problem per cycle (checked before anything runs). Results: ``<out_dir>/study.md`` (the table, the claims of ``study.claims`` with their
 paired bootstrap intervals, the command), ``runs.csv``, ``per_problem.csv`` (every run's per-problem scores),
 ``claims.csv`` and ``claims.png`` (forest plot), ``claims_seed_paired.csv`` (the claims with seeds paired),
 ``arm_intervals.csv`` and ``arm_intervals.png`` (each arm's mean with its bootstrap interval), ``comparison.png``
