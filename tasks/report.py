@@ -66,6 +66,9 @@ class RunReport:
         table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
         run_metrics = run_metrics or {}
         tables = self.summary_tables(table, eval_metrics)
+        before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
+        if note := unchanged_note(self.rows, eval_metrics, before):
+            notes = "\n\n".join(x for x in (note[0].upper() + note[1:] + ".", notes) if x)
         reused = self.run.reused if status == "FINISHED" else None
         run_id = reused or self.run.needed()
         summary = self.markdown(status, tables, run_metrics, notes)  # after needed(): a deferred run gets its id there
@@ -282,6 +285,29 @@ def cycle_table(rows: list[dict]) -> SummaryTable:
                         "refine: refinements passing them · "
                         "flat: trees with equal rewards (nothing trained) · |Â|: mean |advantage| · "
                         f"{', '.join(owners) or 'each agent'}: update loss / KL · Pass@1: the team's, held out")
+
+
+def unchanged_note(rows: list[dict], after: dict[str, float], before: dict[str, float] | None) -> str:
+    """When the team's held-out Pass@1 ends where it started (within half a point), what the cycles did change: the
+    rollouts' pass rate, their refinements' and the share of cross-agent refinements, first cycle → last; "" when it
+    moved, or without a "before" or a rollout."""
+    start, end = (before or {}).get("team/pass_at_1"), after.get("team/pass_at_1")
+    grading = [r["metrics"] for r in rows if r["stage"] == "grading"]
+    rollout = [r["metrics"] for r in rows if r["stage"] == "rollout"]
+    if start is None or end is None or abs(end - start) >= 0.005 or not grading:
+        return ""
+
+    def moved(what: str, first: dict, last: dict, key: str) -> str | None:
+        if key not in first or key not in last:
+            return None
+        return f"{what} {100 * first[key]:.1f}% → {100 * last[key]:.1f}%"
+
+    parts = [moved("rollouts passing", grading[0], grading[-1], "pass_rate"),
+             moved("refinements passing", grading[0], grading[-1], "refine_pass_rate")]
+    if rollout:
+        parts.append(moved("cross-agent refinements", rollout[0], rollout[-1], "cross_agent_refine_share"))
+    return (f"held-out Pass@1 did not move in {len(grading)} cycle{'s' * (len(grading) != 1)}; what did: "
+            + ", ".join(x for x in parts if x))
 
 
 DIVERSITY = {"da_at_": "distinct algorithms among {k} correct programs (DA@{k})",

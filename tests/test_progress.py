@@ -85,6 +85,22 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
     assert "\\|Â\\|" in cycle_table(rows).markdown()
 
 
+def test_an_unchanged_held_out_table_says_what_the_cycles_did_change():
+    from tasks.report import unchanged_note
+
+    before = {"team/pass_at_1": 0.344}
+    rows = [{"cycle": -1, "stage": "eval", "metrics": before},
+            {"cycle": 0, "stage": "rollout", "metrics": {"cross_agent_refine_share": 0.421}},
+            {"cycle": 0, "stage": "grading", "metrics": {"pass_rate": 0.266, "refine_pass_rate": 0.0}},
+            {"cycle": 1, "stage": "rollout", "metrics": {"cross_agent_refine_share": 0.439}},
+            {"cycle": 1, "stage": "grading", "metrics": {"pass_rate": 0.242, "refine_pass_rate": 0.05}}]
+    note = unchanged_note(rows, {"team/pass_at_1": 0.344}, before)
+    assert note == ("held-out Pass@1 did not move in 2 cycles; what did: rollouts passing 26.6% → 24.2%, "
+                    "refinements passing 0.0% → 5.0%, cross-agent refinements 42.1% → 43.9%")
+    assert unchanged_note(rows, {"team/pass_at_1": 0.375}, before) == ""  # it moved
+    assert unchanged_note(rows, {"team/pass_at_1": 0.344}, None) == ""  # no "before"
+
+
 def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
     import io
     import logging
