@@ -66,8 +66,7 @@ class RunReport:
         table = pd.DataFrame([{k: v for k, v in r.items() if k != "metrics"} for r in self.rows])
         run_metrics = run_metrics or {}
         tables = self.summary_tables(table, eval_metrics)
-        before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
-        if note := unchanged_note(self.rows, eval_metrics, before):
+        if note := unchanged_note(self.rows, eval_metrics, self.before()):
             notes = "\n\n".join(x for x in (note[0].upper() + note[1:] + ".", notes) if x)
         reused = self.run.reused if status == "FINISHED" else None
         run_id = reused or self.run.needed()
@@ -90,6 +89,10 @@ class RunReport:
                 "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
                 "resumed": self.run.resumed}
 
+    def before(self) -> dict[str, float] | None:
+        """The metrics of the evaluation of the starting weights (cycle -1), if the run made one."""
+        return next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
+
     def eval_curves(self, run_id: str) -> Path | None:
         """``eval_curves.png``: held-out Pass@1 per agent and the team's tree metrics, per cycle (None if no eval)."""
         from mars2.eval.report import plot_curves
@@ -109,8 +112,7 @@ class RunReport:
         if any(r["stage"] in ("rollout", "eval") for r in self.rows):
             tables.append(cycle_table(self.rows))
         if eval_metrics:
-            before = next((r["metrics"] for r in self.rows if r["stage"] == "eval" and r["cycle"] < 0), None)
-            tables.append(evaluation_table(eval_metrics, before))
+            tables.append(evaluation_table(eval_metrics, self.before()))
         return tables
 
     def engines_line(self, run_metrics: dict[str, float]) -> str | None:

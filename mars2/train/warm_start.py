@@ -8,7 +8,8 @@ problems), seed and architecture, so their priors differ the way real heterogene
 A tree refines failed programs, so a warm-start on generate prompts alone leaves the refine prompt out of
 distribution. With ``refine_per_problem`` > 0 the mix also holds *refine* examples: a faulty variant of the
 reference (one constant, operator or builtin changed: :func:`faulty_variants`) that fails a public test, shown in
-the tree's refine prompt with its verdict, and the reference as the answer.
+the tree's refine prompt with its verdict, and the reference as the answer. With ``own_failures`` a second phase
+adds the agent's own failed samples (:func:`own_failures`) as refine examples of the same kind.
 
 The loss is next-token cross-entropy on the response tokens only (the prompt is context):
 
@@ -58,6 +59,13 @@ def warm_start_mix(problem_ids: Sequence[str], fraction: float, seed: int) -> li
     return [i for i in ids if i in keep]
 
 
+def reference_example(problem_id: str, prompt: str, reference: str, tokenizer) -> WarmStartExample:
+    """``prompt`` (chat-formatted text) → the reference in the answer format, as token ids ending with EOS."""
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(reference_answer(reference), add_special_tokens=False)["input_ids"]
+    return WarmStartExample(problem_id, prompt_ids, answer + [tokenizer.eos_token_id])
+
+
 def warm_start_examples(problems: Sequence[Problem], references: Mapping[str, str], tokenizer,
                         prompt_of: Callable[[Problem], str]) -> list[WarmStartExample]:
     """Tokenised examples for the problems that have a reference solution.
@@ -65,13 +73,7 @@ def warm_start_examples(problems: Sequence[Problem], references: Mapping[str, st
     ``prompt_of(problem)`` returns the full chat-formatted prompt text the agent sees at rollout time, so the
     warm-start trains exactly the input distribution the search will use.
     """
-    out = []
-    for p in problems:
-        if p.id not in references:
-            continue
-        prompt_ids = tokenizer(prompt_of(p), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(reference_answer(references[p.id]), add_special_tokens=False)["input_ids"]
-        out.append(WarmStartExample(p.id, prompt_ids, answer + [tokenizer.eos_token_id]))
+    out = [reference_example(p.id, prompt_of(p), references[p.id], tokenizer) for p in problems if p.id in references]
     if not out:
         raise ValueError("bootstrap: none of the training problems has a reference solution")
     return out
@@ -172,12 +174,8 @@ def refine_examples(cases: Sequence[tuple[Problem, str, Any]], references: Mappi
                     prompt_of: Callable[[Problem, str, Any, int], str]) -> list[WarmStartExample]:
     """Tokenised refine examples: ``prompt_of(problem, faulty program, its verdict, i)`` is the i-th case's
     chat-formatted refine prompt, the answer the problem's reference in the answer format."""
-    out = []
-    for i, (problem, faulty, verdict) in enumerate(cases):
-        prompt_ids = tokenizer(prompt_of(problem, faulty, verdict, i), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(reference_answer(references[problem.id]), add_special_tokens=False)["input_ids"]
-        out.append(WarmStartExample(problem.id, prompt_ids, answer + [tokenizer.eos_token_id]))
-    return out
+    return [reference_example(problem.id, prompt_of(problem, faulty, verdict, i), references[problem.id], tokenizer)
+            for i, (problem, faulty, verdict) in enumerate(cases)]
 
 
 def pack_sft_batch(examples: Sequence[WarmStartExample], pad_id: int) -> dict[str, torch.Tensor]:
