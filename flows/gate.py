@@ -13,9 +13,8 @@ the rollout's trees do (``search.*``). The table (``gate.md``), every attempt an
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from tasks.runtime import configure_process, use_cpu_budget
+from tasks.runtime import configure_process
 
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
@@ -23,15 +22,10 @@ from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.evaluate import checkpoints_of, team_weights
 from mars2.config import RunConfig
-from tasks import tracking
 from tasks.cli import check_command_line, run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
-from tasks.engines import engine_pool
-from tasks.report import RunReport
-from tasks.stage import StageContext
-from tasks.stages import bound
+from tasks.config import CONF_DIR, compose_run
+from tasks.session import checkpoints_of, flow_session, team_weights
 
 CONFIG_NAME = "config"
 
@@ -45,23 +39,13 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
     """The refine gate of the agents of ``overrides`` (Hydra overrides of ``conf/config.yaml``); returns the run
     summary with the gate's metrics under ``gate`` and whether it passes under ``passes``."""
     cfg = compose_gate(overrides or [])
-    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
-                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
-    use_cpu_budget(ctx.cpus)
-    run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
-                            run_name=f"gate-{cfg.agents.preset}-{flow_run.name}", kind="gate")
-    report = RunReport(cfg, ctx, run, title="mars2 refine gate")
-    stage = bound(cfg.paths.root)
-    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
-        try:
-            dataset, agents, weights = team_weights(cfg, ctx, stage, report)
-            gate = report.done(stage.refine_gate(ctx, cfg.gate, cfg.search, cfg.grading, cfg.backend,
-                                                 cfg.agents.members, weights, agents, dataset), cycle=0)
-        except BaseException:
-            report.finish("FAILED", {}, {"engine_starts": engines.starts}, stage.failed)
-            raise
-        summary = report.finish("FINISHED", {}, {"engine_starts": engines.starts},
-                                notes=gate.path("gate.md").read_text())
+    with flow_session(cfg, kind="gate", run_name=f"gate-{cfg.agents.preset}-{flow_run.name}",
+                      title="mars2 refine gate") as s:
+        dataset, agents, weights = team_weights(s)
+        gate = s.report.done(s.stage.refine_gate(s.ctx, gate=cfg.gate, search=cfg.search, grading=cfg.grading,
+                                                 engine=cfg.backend, members=cfg.agents.members, weights=weights,
+                                                 agents=agents, dataset=dataset), cycle=0)
+        summary = s.finish(notes=gate.path("gate.md").read_text())
     return summary | {"gate": gate.metrics, "passes": bool(gate.metrics["passes"]), "gate_dir": gate.dir}
 
 

@@ -40,7 +40,6 @@ from mars2.io import atomic_write_text
 from tasks import tracking
 from tasks.cli import run_flow_from_cli
 from tasks.config import CONF_DIR, compose_run, load_cfg, to_yaml
-from tasks.weights import owner_of
 
 CONFIG_NAME = "study_config"
 
@@ -62,7 +61,7 @@ def compose_study(overrides: list[str]) -> StudyConfig:
     compose_eval(base_overrides(study, study.seeds[0]))
     for name, control in study.controls.items():
         cfg = compose_eval(control_overrides(study, name, study.seeds[0], {}))
-        owners = {owner_of(m) for m in cfg.agents.members if m.shares_weights_with is None}
+        owners = {m.name for m in cfg.agents.owners}
         if not set(control.weights) <= owners or not set(control.weights.values()) <= set(study.arms):
             raise ConfigError(f"study control {name!r}: weights must map owners among {sorted(owners)} to arms among "
                               f"{sorted(study.arms)}, got {dict(control.weights)}")

@@ -19,7 +19,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from tasks.runtime import configure_process, use_cpu_budget
+from tasks.runtime import configure_process
 
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
 import hydra
@@ -30,15 +30,11 @@ from prefect.runtime import deployment, flow_run
 from mars2.sandbox import isolation_params
 from mars2.train.checkpoints import prune_optimizer_states
 from tasks import tracking
-from tasks.weights import model_dir, owner_of
-from tasks.stage import StageContext
-from tasks.bootstrap import needs_bootstrap
 from tasks.cli import check_command_line, run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run, to_container, to_yaml
-from tasks.data import source_hash
-from tasks.engines import engine_pool
-from tasks.report import RunReport
-from tasks.stages import bound, check_dispatch
+from tasks.config import CONF_DIR, compose_run
+from tasks.session import flow_session, team_weights
+from tasks.stages import check_dispatch
+from tasks.weights import model_dir
 
 
 @flow(name="train-cycle")
@@ -48,62 +44,48 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     if deployment.id and "MARS2_HOME" not in os.environ:
         get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
                                  "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
-    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at,
-                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
-    use_cpu_budget(ctx.cpus)
-    # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
-    run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id,
-                            run_name=f"{cfg.agents.preset}-{flow_run.name}")
-    run.log_params(cfg, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
-    report = RunReport(cfg, ctx, run)
-    stage = bound(cfg.paths.root, cfg.orchestration)  # where each stage runs: conf/orchestration/
-    members = cfg.agents.members
-    owners = {owner_of(m): m for m in members if m.shares_weights_with is None}
-    profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
-    eval_metrics: dict[str, float] = {}
-    # one generation engine per weight owner
-    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
-        try:
-            dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
-            run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
-            agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
-            if needs_bootstrap(members):  # warm-started tiny agents: these weights are cycle 0's and the KL reference
-                agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
-            weights = {name: agents for name in owners}
-            optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
-            if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
-                report.done(stage.evaluate(ctx, cfg.eval, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
-                                           dataset, -1, cfg.data.max_eval_problems), -1, label="eval")
+    with flow_session(cfg, kind="train", run_name=f"{cfg.agents.preset}-{flow_run.name}", title="mars2 train cycle",
+                      dispatch=True) as s:  # stages run where conf/orchestration/ places them
+        ctx, stage, report, run = s.ctx, s.stage, s.report, s.run
+        run.log_params(cfg, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
+        members, owners = cfg.agents.members, {m.name: m for m in cfg.agents.owners}
+        profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
+        common = dict(ctx=ctx, grading=cfg.grading, engine=cfg.backend, members=members)  # every generation stage's
+        dataset, agents, _ = team_weights(s, checkpoints=False)  # cycle 0's weights and the KL reference
+        weights = {name: agents for name in owners}
+        optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
+        if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
+            report.done(stage.evaluate(**common, evaluation=cfg.eval, search=cfg.search, weights=weights, agents=agents,
+                                       dataset=dataset, cycle=-1, max_problems=cfg.data.max_eval_problems),
+                        -1, label="eval")
 
-            for cycle in range(cfg.train.cycles):
-                trees = report.done(stage.rollout(ctx, cfg.search, cfg.grading, cfg.backend, members, weights, agents,
-                                                  dataset, cycle, cfg.data.max_train_problems, cfg.data.rotate_train), cycle)
-                verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
-                routed = report.done(stage.compute_advantages(ctx, cfg.train, cfg.search, members, trees, verdicts, cycle),
-                                     cycle)
-                run.log(partial(tracking.log_tree_views, cfg, trees=trees, verdicts=verdicts, routed=routed,
-                                cycle=cycle))
-                updates = {name: stage.update_policy.submit(ctx, m, cfg.train, profile[name], weights[name], agents,
-                                                            routed, cycle, cfg.search.temperature)
-                           for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
-                weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
-                for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
-                    optimizer_states[name].append(w.weights_of(name).optimizer_dir)
-                    prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
-                if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
-                    last = cycle == cfg.train.cycles - 1
-                    evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
-                    result = report.done(stage.evaluate(ctx, evaluation, cfg.search, cfg.grading, cfg.backend, members,
-                                                        weights, agents, dataset, cycle, cfg.data.max_eval_problems),
-                                         cycle, label="eval")
-                    eval_metrics = result.metrics
-                report.cycle_done(cycle)
-            final = {name: model_dir(w, name) for name, w in weights.items()}
-            run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
-        except BaseException:
-            report.finish("FAILED", eval_metrics, {"engine_starts": engines.starts}, stage.failed)
-            raise
-        return report.finish("FINISHED", eval_metrics, {"engine_starts": engines.starts})
+        for cycle in range(cfg.train.cycles):
+            trees = report.done(stage.rollout(**common, search=cfg.search, weights=weights, agents=agents,
+                                              dataset=dataset, cycle=cycle, max_problems=cfg.data.max_train_problems,
+                                              rotate=cfg.data.rotate_train), cycle)
+            verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
+            routed = report.done(stage.compute_advantages(ctx, train=cfg.train, search=cfg.search, members=members,
+                                                          trees=trees, verdicts=verdicts, cycle=cycle), cycle)
+            run.log(partial(tracking.log_tree_views, cfg, trees=trees, verdicts=verdicts, routed=routed, cycle=cycle))
+            updates = {name: stage.update_policy.submit(ctx, member=m, train=cfg.train, profile=profile[name],
+                                                        weights=weights[name], agents=agents, routed=routed,
+                                                        cycle=cycle, temperature=cfg.search.temperature)
+                       for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
+            weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
+            for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
+                optimizer_states[name].append(w.weights_of(name).optimizer_dir)
+                prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
+            if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
+                last = cycle == cfg.train.cycles - 1
+                evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
+                s.metrics = report.done(stage.evaluate(**common, evaluation=evaluation, search=cfg.search,
+                                                       weights=weights, agents=agents, dataset=dataset, cycle=cycle,
+                                                       max_problems=cfg.data.max_eval_problems),
+                                        cycle, label="eval").metrics
+            report.cycle_done(cycle)
+        final = {name: model_dir(w, name) for name, w in weights.items()}
+        run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
+        return s.finish()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

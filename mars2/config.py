@@ -169,6 +169,11 @@ class AgentsConfig:
     members: list[AgentConfig] = field(default_factory=list)
     """the agents, in the order the tree's prompts and tables list them."""
 
+    @property
+    def owners(self) -> list[AgentConfig]:
+        """The members that own weights; a role sharing weights names its owner in ``shares_weights_with``."""
+        return [m for m in self.members if m.shares_weights_with is None]
+
 
 @dataclass
 class DataConfig:
@@ -744,7 +749,7 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
     names = [m.name for m in members]
     if len(set(names)) != len(names):
         _fail(f"{preset}: agent names {names} are not unique", "Give every agent its own name.")
-    owners = {m.name for m in members if m.shares_weights_with is None}
+    owners = {m.name for m in a.owners}
     if a.paradigm == "single" and len(members) != 1:
         _fail(f"{preset}: paradigm single has {len(members)} agents", "A single-agent preset has exactly one member.")
     if a.paradigm == "homogeneous" and (len(members) < 2 or len(owners) != 1):

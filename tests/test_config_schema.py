@@ -116,3 +116,33 @@ def test_the_conf_check_sees_a_repeated_default(tmp_path):
         ".agents.members.0.device='cpu'", ".eval.tree=True", ".search.prior.dist='gaussian'", ".train.cycles=2"]
     preset = {"defaults": [{"override /search": "paper"}], "search": {"max_nodes": 8, "max_new_tokens": 32768}}
     assert repeated_defaults(preset, RunConfig, "", selected_groups(preset)) == [".search.max_new_tokens=32768"]
+
+
+# TrainConfig fields the update does not read, and the stage that does: a new field must be added here or to
+# UpdateHParams (which takes every field of the same name), so it cannot silently miss the update
+READ_OUTSIDE_THE_UPDATE = {
+    "train_batch": "tasks/update.py (buffers samples until an update has this many)",
+    "shaping": "advantage", "shaping_gamma": "advantage", "shaping_lambda": "advantage",
+    "overlong_buffer": "advantage", "filter_flat_trees": "advantage",
+    "keep_optimizer_states": "the train flow (prunes ds/ folders)",
+}
+
+
+def test_every_train_and_optimizer_field_reaches_the_update_or_is_named_as_read_elsewhere():
+    from mars2.config import OptimizerConfig, TrainConfig
+    from mars2.train.engine import UpdateHParams, update_hparams
+
+    own = {f.name for f in dataclasses.fields(UpdateHParams)}
+    for cls in (TrainConfig, OptimizerConfig):
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in own and f.name not in READ_OUTSIDE_THE_UPDATE]
+        assert missing == [], f"{cls.__name__} fields that reach no update: add them to UpdateHParams or name the reader"
+    train = TrainConfig(clip_eps=0.3, tis_threshold=3.0, tis_veto=1e-3, kl_coef=0.5, micro_batch=3, step_batch=5,
+                        micro_batch_tokens=77, logprob_chunk_tokens=11, loss="grpo", seed=7, cycles=9)
+    optimizer = OptimizerConfig(lr=0.1, min_lr=0.01, betas=[0.8, 0.9], weight_decay=0.2, warmup_ratio=0.5,
+                                grad_clip=4.0)
+    hp = update_hparams(train, optimizer, cycle=2, dtype="bfloat16", temperature=0.7)
+    for cls, values in ((TrainConfig, train), (OptimizerConfig, optimizer)):
+        for f in dataclasses.fields(cls):
+            if f.name in own and f.name not in ("seed", "betas"):
+                assert getattr(hp, f.name) == getattr(values, f.name), f.name
+    assert (hp.seed, hp.betas, hp.cycle, hp.dtype, hp.temperature) == (9, (0.8, 0.9), 2, "bfloat16", 0.7)

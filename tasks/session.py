@@ -1,0 +1,90 @@
+"""The set-up every flow shares: the stage context, the MLflow run and its summary, the bound stages and one
+generation engine per weight owner, kept for the flow run. A flow body that raises finishes the run as FAILED,
+naming the stages that raised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from prefect.runtime import flow_run
+
+from mars2.config import RunConfig
+from tasks import tracking
+from tasks.bootstrap import needs_bootstrap
+from tasks.checkpoints import checkpoint_hashes
+from tasks.config import to_container, to_yaml
+from tasks.data import source_hash
+from tasks.engines import EnginePool, engine_pool
+from tasks.report import RunReport
+from tasks.runtime import use_cpu_budget
+from tasks.stage import StageContext, StageRecord
+from tasks.stages import bound
+
+
+@dataclass
+class FlowSession:
+    """One flow run's handles; ``metrics`` are the evaluation metrics its summary reports (the latest ones)."""
+
+    cfg: RunConfig
+    ctx: StageContext
+    run: tracking.TrackedRun
+    report: RunReport
+    stage: SimpleNamespace
+    engines: EnginePool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def finish(self, notes: str = "") -> dict:
+        """Close the run as FINISHED; returns the run summary."""
+        return self.report.finish("FINISHED", self.metrics, {"engine_starts": self.engines.starts}, notes=notes)
+
+
+@contextmanager
+def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispatch: bool = False
+                 ) -> Iterator[FlowSession]:
+    """Open the flow run's session. ``dispatch``: stages run where ``cfg.orchestration`` places them (the train
+    flow); otherwise all in this process. ``kind`` and ``run_name`` name the MLflow run."""
+    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at,
+                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
+    use_cpu_budget(ctx.cpus)
+    # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
+    run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id, run_name=run_name,
+                            kind=kind)
+    report = RunReport(cfg, ctx, run, title=title)
+    stage = bound(cfg.paths.root, cfg.orchestration if dispatch else None)
+    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
+        session = FlowSession(cfg, ctx, run, report, stage, engines)
+        try:
+            yield session
+        except BaseException:
+            report.finish("FAILED", session.metrics, {"engine_starts": engines.starts}, stage.failed)
+            raise
+
+
+def checkpoints_of(cfg: RunConfig) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``{owner: folder}`` from ``eval.from_run`` and ``eval.checkpoints`` (the latter wins) and their file hashes."""
+    checkpoints = dict(cfg.eval.checkpoints)
+    if cfg.eval.from_run:
+        checkpoints = tracking.final_weights(cfg, cfg.eval.from_run) | checkpoints
+    return checkpoints, checkpoint_hashes(checkpoints, [m.name for m in cfg.agents.owners])
+
+
+def team_weights(s: FlowSession, *, checkpoints: bool = True) -> tuple[StageRecord, StageRecord, StageRecord]:
+    """The data (logged to the run as its datasets), the agents (warm-started where the preset says so, unless every
+    owner has a checkpoint) and the weights to start from: the agents', or (``checkpoints``) those of
+    ``eval.from_run`` / ``eval.checkpoints`` imported over them."""
+    cfg, ctx, stage, report = s.cfg, s.ctx, s.stage, s.report
+    members = cfg.agents.members
+    checkpoints, hashes = checkpoints_of(cfg) if checkpoints else ({}, {})
+    dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
+    s.run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
+    agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
+    if needs_bootstrap(members) and not {m.name for m in cfg.agents.owners} <= set(checkpoints):
+        agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
+    weights = agents
+    if checkpoints:
+        weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+    return dataset, agents, weights
