@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
+from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
 from tasks.stage import StageContext
 
@@ -27,8 +28,8 @@ class EnginePool:
     """The engines a process hands out: its own children (``service_dir`` None: the flow's run in local mode) or the
     node's services of the run (``service_dir``: a stage flow run on a pool worker)."""
 
-    def __init__(self, persistent: bool, run_dir: Path | None = None, service_dir: Path | None = None,
-                 start_timeout_s: float = 900.0, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
+    def __init__(self, persistent: bool, *, start_timeout_s: float, run_dir: Path | None = None,
+                 service_dir: Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
         self.persistent = persistent
         self.start_timeout_s = start_timeout_s
         self.idle_exit_s = idle_exit_s  # a node service's (backend.service_idle_exit_s)
@@ -89,15 +90,15 @@ def run_engines_dir(ctx: StageContext) -> Path:
 
 
 @contextlib.contextmanager
-def engine_pool(persistent: bool, ctx: StageContext | None = None, start_timeout_s: float = 900.0
-                ) -> Iterator[EnginePool]:
-    """The run's engines, stopped when the block ends (normally, on an error, on SIGTERM/SIGINT); with ``ctx``, the
-    run's node services on pool workers too (their STOP file is written)."""
+def engine_pool(backend: BackendConfig, ctx: StageContext | None = None) -> Iterator[EnginePool]:
+    """The run's engines (``backend.persistent``, ``start_timeout_s``), stopped when the block ends (normally, on an
+    error, on SIGTERM/SIGINT); with ``ctx``, the run's node services on pool workers too (their STOP file is
+    written)."""
     global _pool
     run_dir = run_engines_dir(ctx) if ctx is not None else None
     if run_dir is not None:  # a retry of the same flow run: the last attempt's STOP would end this one's services
         (run_dir / STOP_FILE).unlink(missing_ok=True)
-    _pool = EnginePool(persistent, run_dir=run_dir, start_timeout_s=start_timeout_s)
+    _pool = EnginePool(backend.persistent, run_dir=run_dir, start_timeout_s=backend.start_timeout_s)
     try:
         yield _pool
     finally:
@@ -108,14 +109,13 @@ def engine_pool(persistent: bool, ctx: StageContext | None = None, start_timeout
 
 
 @contextlib.contextmanager
-def node_engines(persistent: bool, ctx: StageContext, start_timeout_s: float = 900.0,
-                 idle_exit_s: float = SERVICE_IDLE_EXIT_S) -> Iterator[EnginePool]:
+def node_engines(backend: BackendConfig, ctx: StageContext) -> Iterator[EnginePool]:
     """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
-    that needs one, attached to by the next; each exits after ``idle_exit_s`` with no stage connected), disconnected
-    from when the block ends."""
+    that needs one, attached to by the next; each exits after ``backend.service_idle_exit_s`` with no stage
+    connected), disconnected from when the block ends."""
     global _pool
-    _pool = EnginePool(persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
-                       start_timeout_s=start_timeout_s, idle_exit_s=idle_exit_s)
+    _pool = EnginePool(backend.persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
+                       start_timeout_s=backend.start_timeout_s, idle_exit_s=backend.service_idle_exit_s)
     try:
         yield _pool
     finally:

@@ -55,7 +55,7 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
                             kind=kind)
     report = RunReport(cfg, ctx, run, title=title)
     stage = bound(cfg.paths.root, cfg.orchestration if dispatch else None)
-    with engine_pool(cfg.backend.persistent, ctx, cfg.backend.start_timeout_s) as engines:
+    with engine_pool(cfg.backend, ctx) as engines:
         session = FlowSession(cfg, ctx, run, report, stage, engines)
         try:
             yield session

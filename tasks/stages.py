@@ -30,8 +30,7 @@ from typing import Any
 
 from prefect import flow
 
-from mars2.backends.base import SERVICE_IDLE_EXIT_S
-from mars2.config import ConfigError, OrchestrationConfig
+from mars2.config import BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
 from tasks.stage import RESULTS_DIR, StageRecord
 from tasks.advantage import compute_advantages
@@ -191,10 +190,9 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
     if not Path(root).is_dir():
         raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
                                 "($MARS2_HOME) at the same path")
-    engine = kwargs.get("engine")  # rollout and evaluation: the node's engine services of the run
-    with node_engines(bool(getattr(engine, "persistent", False)), kwargs["ctx"],
-                      float(getattr(engine, "start_timeout_s", 900.0)),
-                      float(getattr(engine, "service_idle_exit_s", SERVICE_IDLE_EXIT_S))):
+    # the generation stages (their BackendConfig argument): the node's engine services of the run; the others
+    # generate nothing
+    with node_engines(kwargs.get("engine") or BackendConfig(persistent=False), kwargs["ctx"]):
         record = getattr(bound(root), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from mars2.backends import SamplingParams
 from mars2.backends.base import request_seed
 from mars2.backends.engine import EngineClient, EngineError, EngineSpec
 from mars2.backends.transformers_backend import load_transformers_backend
+from mars2.config import BackendConfig
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 
@@ -605,13 +606,12 @@ def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
 def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, tmp_path):
     """A node service's idle exit is ``backend.service_idle_exit_s`` (hours by default: longer than a 32B update, or
     every cycle would cold-start its engines), passed down by the stage's engine pool (it was a fixed 900 s)."""
-    from mars2.config import BackendConfig
     from tasks.engines import node_engines
     from tasks.stage import StageContext
 
     assert BackendConfig().service_idle_exit_s >= 3600
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-3")
-    with node_engines(True, ctx, idle_exit_s=2) as pool:
+    with node_engines(BackendConfig(service_idle_exit_s=2), ctx) as pool:
         engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
                              dtype="float32", batch_size=4)
         pid = engine.pid
@@ -628,7 +628,7 @@ def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_ow
     stop = run_engines_dir(ctx) / "STOP"
     stop.parent.mkdir(parents=True)
     stop.write_text("the run has ended\n")
-    with engine_pool(True, ctx):
+    with engine_pool(BackendConfig(), ctx):
         assert not stop.exists()
     assert stop.exists()
 
@@ -662,7 +662,7 @@ def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(t
 
     assert resolve(load_cfg()).backend.start_timeout_s == 900.0
     cfg = resolve(load_cfg(["backend.start_timeout_s=42"]))
-    with engine_pool(True, None, cfg.backend.start_timeout_s) as pool:
+    with engine_pool(cfg.backend) as pool:
         engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
                              dtype="float32", batch_size=2)
         assert engine.start_timeout_s == 42
@@ -768,7 +768,7 @@ def test_engine_starts_counts_a_first_start_that_failed(tmp_path):
     ``engine_starts`` counts it; an interpreter that does not exist started nothing."""
     from tasks.engines import engine_pool
 
-    with engine_pool(True, None) as pool:
+    with engine_pool(BackendConfig()) as pool:
         with pytest.raises(EngineError, match="exited with code"):
             pool.engine("qwen_tiny", str(tmp_path / "no-model"), str(tmp_path / "no-model"), "v1", device="cpu",
                         dtype="float32", batch_size=2)
@@ -789,12 +789,12 @@ def test_a_stage_on_a_pool_worker_adds_its_fresh_backends_starts_to_the_runs_cou
     from tasks.stage import StageContext
 
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
-    with node_engines(False, ctx) as stage_pool:  # the stage flow run, on the worker
+    with node_engines(BackendConfig(persistent=False), ctx) as stage_pool:  # the stage flow run, on the worker
         backend, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir), device="cpu")
         stage_pool.count(backend, "qwen_tiny")
         stage_pool.count(type("Workers", (), {"starts": 2})(), "llama_tiny")  # a vLLM backend: a worker per call
     lines = (run_engines_dir(ctx) / "starts").read_text().splitlines()
     host = socket.gethostname()
     assert lines == [f"qwen_tiny {host} fresh", f"llama_tiny {host} fresh", f"llama_tiny {host} fresh"]
-    with engine_pool(False, ctx) as run_pool:  # the flow, on its own machine
+    with engine_pool(BackendConfig(persistent=False), ctx) as run_pool:  # the flow, on its own machine
         assert run_pool.starts == 3
