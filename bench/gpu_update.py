@@ -11,7 +11,7 @@
 
 The model is built from ``mars2/plan/model_configs/<model>.json`` (or a folder's config.json) with random weights and saved once to a temporary
 folder; both variants run in their own subprocess on the same samples (random tokens), under the same DeepSpeed
-profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.engine.build_optimizer`):
+profile (``conf/deepspeed/<profile>.yaml``) and optimizer (:func:`mars2.train.update.build_optimizer`):
 
 - ours: :func:`mars2.train.update_agent` (policy and reference built partitioned, π_ref computed before the policy
   exists, chunked log-probs, the profile's gradient checkpointing, token-budget micro-batches when given);
@@ -125,7 +125,7 @@ def run_plain(job: dict, chunked: bool = False) -> dict:
     from torch.profiler import record_function
 
     from mars2.rl.losses import gspo_loss
-    from mars2.train.engine import (build_optimizer, chunked_token_logprobs, deepspeed_config, init_distributed,
+    from mars2.train.update import (build_optimizer, chunked_token_logprobs, deepspeed_config, init_distributed,
                                     load_causal_lm, pack_batch, step_groups, token_logprobs)
 
     init_distributed()
@@ -177,7 +177,7 @@ def skip_saves() -> None:
     """No checkpoint is written (``--skip-save``): the writes are outside the timed loop, and at 1.7B ours' is 28 GB."""
     import deepspeed
 
-    import mars2.train.engine as engine_module
+    import mars2.train.update as engine_module
 
     deepspeed.DeepSpeedEngine.save_checkpoint = lambda self, *a, **k: None
     engine_module._save_hf = lambda *a, **k: None

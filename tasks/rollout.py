@@ -37,16 +37,14 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, eng
     members = narrowed(members, READS["members"])
 
     def produce(out: Path) -> dict:
-        from mars2.backends import SamplingParams
-        from mars2.search.run import public_grader, run_search
+        from mars2.search.run import public_grader, run_search, search_sampling
         from mars2.search.tree_stats import plot_trees, tree_stats
 
         train = pd.read_parquet(dataset.path("train.parquet"))
         ids = cycle_subset(train["id"].tolist(), cycle, max_problems, rotate)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
         runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine, ctx=ctx)
-        sampling = SamplingParams(temperature=search.temperature, top_p=search.top_p,
-                                  max_new_tokens=search.max_new_tokens, seed=search.seed + 7919 * cycle)
+        sampling = search_sampling(search, seed=search.seed + 7919 * cycle)
         with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
             grade = public_grader(ctx.grading(grading))  # its slots within the run's CPU budget
             nodes = pd.DataFrame(run_search(problems, runners, search, sampling, grade, advance))

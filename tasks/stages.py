@@ -4,7 +4,7 @@
 stage's :class:`StageRecord`:
 
 - ``orchestration.mode=local`` (default): the Prefect task, run in this process. ``.submit(...)`` runs it now too
-  (one stage at a time, as before), so a flow can be written once for both modes.
+  (one stage at a time), so a flow can be written once for both modes.
 - ``orchestration.mode=pools``: a stage whose pool (``orchestration.pools[<stage>]``) is not ``flow_pool`` becomes
   a flow run of the ``stage`` deployment on that pool (``stage/<pool>``, see ``flows/deploy.py``), started with
   ``run_deployment`` as a subflow of the calling flow run. Its arguments travel as JSON (configs and records are

@@ -46,8 +46,6 @@ def test_backup_follows_the_rules():
     assert tree.nodes[0].gen_obs == [0.6] and tree.nodes[0].cont_obs == [1.0]
     assert tree.nodes[1].value_obs == [0.6, 1.0] and tree.nodes[1].gen_obs == [1.0] and tree.nodes[1].cont_obs == []
     assert tree.nodes[2].value_obs == [1.0]
-    assert tree.root.agent_obs == {"a": [0.2, 0.6, 1.0]}  # action stats at the root follow the root child's agent
-    assert tree.nodes[1].agent_obs == {"a": [1.0]}
 
 
 def test_descends_to_the_clearly_better_child_when_cont_wins():

@@ -130,7 +130,7 @@ READ_OUTSIDE_THE_UPDATE = {
 
 def test_every_train_and_optimizer_field_reaches_the_update_or_is_named_as_read_elsewhere():
     from mars2.config import OptimizerConfig, TrainConfig
-    from mars2.train.engine import UpdateHParams, update_hparams
+    from mars2.train.update import UpdateHParams, update_hparams
 
     own = {f.name for f in dataclasses.fields(UpdateHParams)}
     for cls in (TrainConfig, OptimizerConfig):

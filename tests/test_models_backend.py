@@ -7,7 +7,7 @@ import torch
 
 from mars2.backends import SamplingParams
 from mars2.backends.transformers_backend import load_transformers_backend
-from mars2.train.engine import Sample, pack_batch, token_logprobs
+from mars2.train.update import Sample, pack_batch, token_logprobs
 
 
 def test_tokenizer_round_trips_code_and_has_chat_template(tiny_tokenizer):

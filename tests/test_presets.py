@@ -108,7 +108,7 @@ def test_an_evaluation_is_not_refused_for_an_update_it_does_not_make(paper_data)
 
 
 def test_a_bare_cuda_device_gets_an_index_for_set_device(monkeypatch):
-    from mars2.train.engine import rank_device
+    from mars2.train.update import rank_device
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert rank_device("cuda", 1) == "cuda:0" and rank_device("cuda:3", 1) == "cuda:3"

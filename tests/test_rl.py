@@ -94,7 +94,7 @@ def test_gspo_kl_term_and_veto():
 def test_grpo_token_loss_hand_computed():
     logp = torch.tensor([[-1.0, -1.0]])
     old = torch.tensor([[-1.0, -1.5]])  # ratios 1 and e^0.5 (clipped to 1.2 for A>0)
-    out = grpo_loss(logp, old, None, torch.tensor([2.0]), torch.ones(1, 2), kl_coef=0.0)
+    out = grpo_loss(logp, old, old, None, torch.tensor([2.0]), torch.ones(1, 2), kl_coef=0.0)
     assert out.loss.item() == pytest.approx(-(1 * 2 + 1.2 * 2) / 2, rel=1e-5)
     assert out.clip_frac == 0.5
 
@@ -166,3 +166,14 @@ def test_tree_rewards_flat_on_correctness_even_with_penalties():
     assert adv[0] < 0 < adv[1]  # still informative about length, but a filter on flat trees drops it
     with pytest.raises(ValueError, match="2 nodes"):
         tree_rewards([-1, -1], [0.0], [1, 1], max_len=10, overlong_buffer=0)
+
+
+def test_every_loss_train_loss_names_is_registered_with_one_signature():
+    import inspect
+
+    from mars2.config import LOSSES as NAMES
+    from mars2.rl.losses import LOSSES
+
+    assert sorted(LOSSES) == sorted(NAMES)
+    signatures = {name: list(inspect.signature(fn).parameters) for name, fn in LOSSES.items()}
+    assert len({tuple(s) for s in signatures.values()}) == 1, signatures

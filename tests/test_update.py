@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from mars2.train import Sample, UpdateHParams, update_agent, warmup_cosine
-from mars2.train.engine import deepspeed_config, pack_batch, rank_micro_batches, step_groups, token_logprobs
+from mars2.train.update import deepspeed_config, pack_batch, rank_micro_batches, step_groups, token_logprobs
 from mars2.train.launch import UpdateLaunchError, launch_update
 
 
@@ -73,7 +73,7 @@ def test_update_raises_logprob_of_positive_advantage_and_resumes_optimizer(tiny_
 
 
 def test_step_batches_split_evenly_and_never_empty():
-    from mars2.train.engine import step_batches
+    from mars2.train.update import step_batches
 
     assert step_batches(10, None, 4, 0) == [[[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]]  # one step, in order
     steps = step_batches(10, 4, 4, 0)

@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import load_file
 
 from mars2.train import Sample, UpdateHParams, update_agent
-from mars2.train.engine import (chunked_token_logprobs, deepspeed_config, init_distributed, load_causal_lm,
+from mars2.train.update import (chunked_token_logprobs, deepspeed_config, init_distributed, load_causal_lm,
                                 optimizer_class, pack_batch, padded_tokens, rank_micro_batches, step_groups,
                                 token_logprobs, update_lr)
 

@@ -107,7 +107,7 @@ def test_the_engines_logprobs_are_the_trainers(engine, weights, temperature):
     same weights: they must agree (measured here: max |Δ| < 1e-4 in float32; docs/engines.md)."""
     from transformers import AutoModelForCausalLM
 
-    from mars2.train.engine import token_logprobs
+    from mars2.train.update import token_logprobs
 
     gens = [g[0] for g in engine.generate([PROMPT] * 3, SamplingParams(temperature=temperature, max_new_tokens=32),
                                           [1, 2, 3])]
@@ -155,7 +155,7 @@ def test_weights_an_update_wrote_are_reloaded_in_place(engine, weights):
     assert after.response_ids != before.response_ids
     from transformers import AutoModelForCausalLM
 
-    from mars2.train.engine import token_logprobs
+    from mars2.train.update import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(weights["b"], dtype=torch.float32)
     ids = torch.tensor([after.prompt_ids + after.response_ids])

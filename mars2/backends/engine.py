@@ -391,8 +391,7 @@ class EngineClient:
                  seeds: list[int] | None = None) -> list[list[Generation]]:
         """Generations of the engine's current version (``self.version``) for each prompt: sample j of prompt i is
         the request seeded ``request_seed(seeds[i], j)``, as in-process. Sent shortest prompt first, as in-process:
-        the engine admits in arrival order, and rows admitted together then pad less (``bench/rollout.py``'s raw run
-        measured 6% more tokens/s sorted than in the search's order)."""
+        the engine admits in arrival order, and rows admitted together then pad less (docs/engines.md)."""
         seeds = call_seeds(params, prompts, seeds)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         futures = {(i, j): self._send("sample", self.spec.version, prompts[i], vars(params), request_seed(seeds[i], j))

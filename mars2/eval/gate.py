@@ -23,6 +23,7 @@ when Δ over all attempts holds (its interval lies above 0).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -58,8 +59,7 @@ def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner
     parents = list(failed.itertuples(index=False))
     total = fresh_total + len(parents) * len(runners)
     refine_seed = sampling.seed + 1  # refines draw from other seeds than the fresh samples they are compared with
-    params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                            max_new_tokens=sampling.max_new_tokens, seed=refine_seed)
+    params = dataclasses.replace(sampling, n=1, seed=refine_seed)
     refines: list[dict[str, Any]] = []
     for k, (name, runner) in enumerate(runners.items()):
         refines += refine_parents(name, runner, parents, by_id, params, grade, detailed_feedback)

@@ -88,7 +88,7 @@ def activation_bytes(*, tokens: int, hidden: int, intermediate: int, layers: int
     outputs, q/k/v, attention output, gate/up/act/product of the SwiGLU MLP; flash/SDPA attention keeps no
     s×s scores). With gradient checkpointing only each layer's input (``h`` values) is kept, plus one layer
     recomputed at a time. The vocabulary projection runs on ``logprob_chunk`` positions at a time under its own
-    checkpoint (``mars2.train.engine.chunked_token_logprobs``): ≈ 5 fp32 copies of a [chunk × V] block at its peak
+    checkpoint (``mars2.train.update.chunked_token_logprobs``): ≈ 5 fp32 copies of a [chunk × V] block at its peak
     (logits, the max-shifted copy, exp, log-softmax and its gradient; measured 4–5 on CPU, docs/training.md).
     """
     per_layer = dtype_bytes * (4 * hidden + 2 * heads * head_dim + 2 * kv_heads * head_dim + 4 * intermediate)

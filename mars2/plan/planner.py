@@ -65,7 +65,7 @@ class DeepSpeedProfile:
 class UpdateMemory:
     """Per GPU during the policy update (host memory per node for ``cpu_bytes``).
 
-    The update runs in two phases that never share memory (``mars2.train.engine.update_agent``): the frozen reference
+    The update runs in two phases that never share memory (``mars2.train.update.update_agent``): the frozen reference
     model scores every micro-batch and is freed, then the policy is built and trained. The peak is the larger."""
 
     states: ModelStates  # parameters, gradients, optimizer states (DeepSpeed's estimator or the ZeRO-0 formula)

@@ -6,6 +6,7 @@ All log-prob tensors are log-probabilities of the *sampled* tokens, shape [B, T]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -80,13 +81,16 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Te
     return LossOutput(pg + kl_coef * kl, pg.item(), kl.item(), clip_frac, vetoed)
 
 
-def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, advantages: torch.Tensor,
-              mask: torch.Tensor, *, clip_eps: float = 0.2, kl_coef: float = 1e-3,
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+              advantages: torch.Tensor, mask: torch.Tensor, *, clip_eps: float = 0.2, tis_threshold: float = 2.0,
+              tis_veto: float = 1e-4, kl_coef: float = 1e-3, n_seqs: float | None = None,
               n_tokens: float | None = None) -> LossOutput:
     """Vanilla GRPO token-level clipped surrogate (the baseline).
 
     r_bt = exp(log π − log π_old); ℓ_bt = −min(r Â_b, clip(r, 1−ε, 1+ε) Â_b); L = masked_mean(ℓ) + β·KL.
     ``n_tokens``: the step's response tokens when this batch is one of its micro-batches (see :func:`gspo_loss`).
+    The signature is every loss's (:data:`LOSSES`); the baseline has no truncated IS, so ``rollout_logp``,
+    ``tis_threshold``, ``tis_veto`` and ``n_seqs`` are not used.
     """
     mask = mask.to(logp.dtype)
     r = torch.exp(logp - old_logp.detach())
@@ -97,3 +101,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     with torch.no_grad():
         clip_frac = masked_mean(((r < 1 - clip_eps) | (r > 1 + clip_eps)).to(logp.dtype), mask).item()
     return LossOutput(pg + kl_coef * kl, pg.item(), kl.item(), clip_frac, 0.0)
+
+
+LossFn = Callable[..., LossOutput]
+# train.loss → its loss; every one takes (logp, old_logp, rollout_logp, ref_logp, advantages, mask, *, clip_eps,
+# tis_threshold, tis_veto, kl_coef, n_seqs, n_tokens)
+LOSSES: dict[str, LossFn] = {"gspo": gspo_loss, "grpo": grpo_loss}

@@ -9,9 +9,11 @@ This is a close port of ``lcb_runner/evaluation/testing_util.py`` and
   sequentially in-process, a pool of such workers), and
 * the verdicts of :mod:`mars2.sandbox` can be checked against the official ones, program by program.
 
-It runs the programs **in the caller's user account, in-process, with only LiveCodeBench's
-``reliability_guard`` monkeypatches** (no memory limit, no namespaces): use it only on trusted
-programs (benchmarks, fixtures). Nothing in the pipeline calls it.
+Called directly, it runs the programs **in the caller's user account, in-process, with only LiveCodeBench's
+``reliability_guard`` monkeypatches** (no memory limit, no namespaces): do so only on trusted programs
+(benchmarks, fixtures). The pipeline calls it only from inside the sandbox: with ``grading.parity=lcb`` the
+sandbox's runner (``runner/lcb_parity.py``) imports it to execute a program as LiveCodeBench would, within the
+sandbox's isolation and limits.
 
 Differences from the original, none of which changes a verdict: the ``debug`` printing is gone,
 ``sys.set_int_max_str_digits(50000)`` (a module-level side effect of the original

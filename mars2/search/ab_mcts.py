@@ -8,8 +8,8 @@ writes the node) and ``tell`` (the new node's score). Selection:
    children, GEN a child of n; else descend to argmax_i θ_i, θ_i ~ P(value of child i);
 3. the agent: argmax_a of a draw from the posterior over every score agent a earned in this tree.
 
-Backup of a new node v (agent a, score r, parent p): r joins agent a's tree-wide scores, GEN_p, agent a's
-action posterior at p and v's own value posterior; for every ancestor u of v below the root (u = p, ...),
+Backup of a new node v (agent a, score r, parent p): r joins agent a's tree-wide scores, GEN_p and v's own
+value posterior; for every ancestor u of v below the root (u = p, ...),
 r joins u's value posterior and CONT of u's parent. No discount. This is TreeQuest's
 ``multiarm_bandit_thompson`` strategy of AB-MCTS-A, written out so that every posterior can be inspected.
 """
@@ -79,7 +79,6 @@ class SearchNode:
     value_obs: list[float] = field(default_factory=list)  # value of this node, seen from its parent
     gen_obs: list[float] = field(default_factory=list)  # GEN posterior at this node
     cont_obs: list[float] = field(default_factory=list)  # CONT posterior at this node
-    agent_obs: dict[str, list[float]] = field(default_factory=dict)  # action posterior per agent at this node
 
 
 @dataclass
@@ -156,14 +155,12 @@ class ABMCTSA:
             gen_score = score * self.depth_decay.factor(depth, tree.gens_at_depth.get(depth, 0))
         tree.gens_at_depth[depth] = tree.gens_at_depth.get(depth, 0) + 1
         parent.gen_obs.append(gen_score)
-        parent.agent_obs.setdefault(expansion.agent, []).append(score)
         u = expansion.parent
         while u != ROOT:
             node = tree.nodes[u]
             node.value_obs.append(score)
             up = tree.node(node.parent)
             up.cont_obs.append(score)
-            up.agent_obs.setdefault(node.agent, []).append(score)
             u = node.parent
         return new_id
 

@@ -23,6 +23,12 @@ def public_grader(grading: GradingConfig) -> GradeFn:
     return lambda jobs: grade_programs(jobs, grading, stop_at_first_failure=False)
 
 
+def search_sampling(search: SearchConfig, seed: int) -> SamplingParams:
+    """How the rollout's trees sample (``search.temperature``, ``top_p``, ``max_new_tokens``), seeded with ``seed``."""
+    return SamplingParams(temperature=search.temperature, top_p=search.top_p, max_new_tokens=search.max_new_tokens,
+                          seed=seed)
+
+
 def search_policy(search: SearchConfig):
     """AB-MCTS-A with the configured posterior prior and, for T+, depth-guided exploration."""
     from mars2.search.ab_mcts import ABMCTSA, DepthDecay

@@ -5,6 +5,7 @@ child of the root, so the same grading, advantage and update stages serve both s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,8 +24,7 @@ def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, A
     drawn: dict[str, list[tuple[str, str, Generation, str | None]]] = {p.id: [] for p in problems}
     for k, (name, agent) in enumerate(agents.items()):
         texts = [agent.chat(generate_prompt(p)) for p in problems]
-        params = SamplingParams(n=n_samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
+        params = dataclasses.replace(sampling, n=n_samples)
         outs = agent.backend.generate(texts, params, [request_seed(sampling.seed, p.id, name) for p in problems])
         for p, text, gens in zip(problems, texts, outs, strict=True):
             drawn[p.id] += [(name, text, g, extract_code(g.text)) for g in gens]

@@ -14,6 +14,7 @@ of a static batch; the trees are the same either way.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -85,8 +86,7 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
     rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
     rounds: dict[str, Round] = {}
     finished_rounds = dict.fromkeys(by_id, 0)
-    params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                            max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
+    params = dataclasses.replace(sampling, n=1)
     events: queue.SimpleQueue = queue.SimpleQueue()  # ("generated", [(pid, j, Future)]) | ("graded", keys, Future)
     held: dict[str, list[tuple[str, int]]] = {a: [] for a in names}  # requests for backends without submit
     outstanding = 0  # submitted generations and grading calls whose event has not been handled yet

@@ -11,5 +11,5 @@ __all__ = ["Sample", "UpdateHParams", "update_agent", "update_hparams", "warmup_
 
 def __getattr__(name: str):
     if name in __all__:
-        return getattr(import_module("mars2.train.engine"), name)
+        return getattr(import_module("mars2.train.update"), name)
     raise AttributeError(f"module 'mars2.train' has no attribute {name!r}")

@@ -4,7 +4,7 @@
 
 :func:`launch_update` writes the job (samples as Parquet, arguments as JSON) into ``JOB_DIR``, starts torchrun
 and reads back rank 0's metrics. Each rank runs :func:`mars2.train.update_agent` on its shard of every optimizer
-step (:func:`mars2.train.engine.rank_micro_batches`); DeepSpeed all-reduces the gradients, so N processes give the
+step (:func:`mars2.train.update.rank_micro_batches`); DeepSpeed all-reduces the gradients, so N processes give the
 update one process would give on the same samples. On a GPU node each rank takes ``cuda:<LOCAL_RANK>``; on CPU the
 ranks talk over gloo, which is how the tests run it.
 """
@@ -24,7 +24,7 @@ import pandas as pd
 
 from mars2.cpu import split_cpus, thread_environment, usable_cpus
 from mars2.io import atomic_write_json, write_parquet
-from mars2.train.engine import Sample, UpdateHParams, update_agent
+from mars2.train.update import Sample, UpdateHParams, update_agent
 
 JOB = "job.json"
 SAMPLES = "samples.parquet"

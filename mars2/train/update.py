@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from mars2.rl.losses import grpo_loss, gspo_loss
+from mars2.rl.losses import LOSSES
 
 DS_ONLY_KEYS = ("gradient_checkpointing",)
 
@@ -500,13 +500,9 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
             batch = batches[k]
             logp = logprobs(batch)
             old_logp = logp.detach() if old_logps is None else old_logps[k]
-            if hp.loss == "gspo":
-                out = gspo_loss(logp, old_logp, batch["rollout_logp"], ref_logps[k], batch["advantages"],
-                                batch["mask"], clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold,
-                                tis_veto=hp.tis_veto, kl_coef=hp.kl_coef, n_seqs=n_seqs, n_tokens=n_tokens)
-            else:
-                out = grpo_loss(logp, old_logp, ref_logps[k], batch["advantages"], batch["mask"], clip_eps=hp.clip_eps,
-                                kl_coef=hp.kl_coef, n_tokens=n_tokens)
+            out = LOSSES[hp.loss](logp, old_logp, batch["rollout_logp"], ref_logps[k], batch["advantages"],
+                                  batch["mask"], clip_eps=hp.clip_eps, tis_threshold=hp.tis_threshold,
+                                  tis_veto=hp.tis_veto, kl_coef=hp.kl_coef, n_seqs=n_seqs, n_tokens=n_tokens)
             with record_function("mars2.backward"):
                 engine.backward(out.loss * (n_micro * world))  # DeepSpeed divides by the accumulation count and ranks
             full_norm = _full_grad_norm(engine) if i == n_micro - 1 else None

@@ -16,7 +16,7 @@ The loss is next-token cross-entropy on the response tokens only (the prompt is 
     L = − Σ_i Σ_{t ∈ response_i} log π(y_t | x_i, y_<t) / Σ_i |response_i|
 
 Plain torch AdamW with linear warmup and cosine decay: the warm-start is a one-off on a CPU-sized model;
-the RL updates that follow go through the agent's DeepSpeed engine (:mod:`mars2.train.engine`).
+the RL updates that follow go through the agent's DeepSpeed engine (:mod:`mars2.train.update`).
 """
 
 from __future__ import annotations
