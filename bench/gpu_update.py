@@ -177,10 +177,10 @@ def skip_saves() -> None:
     """No checkpoint is written (``--skip-save``): the writes are outside the timed loop, and at 1.7B ours' is 28 GB."""
     import deepspeed
 
-    import mars2.train.update as engine_module
+    import mars2.train.update as update_module
 
     deepspeed.DeepSpeedEngine.save_checkpoint = lambda self, *a, **k: None
-    engine_module._save_hf = lambda *a, **k: None
+    update_module._save_hf = lambda *a, **k: None
 
 
 def trace_training(prof) -> None:

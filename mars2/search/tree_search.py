@@ -79,106 +79,134 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
     """
     if expansions_per_wave < 1:
         raise ValueError(f"expansions_per_wave must be >= 1, got {expansions_per_wave}")
-    names = tuple(agents)
-    by_id = {p.id: p for p in problems}
-    trees = {p.id: SearchTree(agents=names) for p in problems}
-    rngs = {p.id: tree_seed(seed, p.id) for p in problems}
-    rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
-    rounds: dict[str, Round] = {}
-    finished_rounds = dict.fromkeys(by_id, 0)
-    params = dataclasses.replace(sampling, n=1)
-    events: queue.SimpleQueue = queue.SimpleQueue()  # ("generated", [(pid, j, Future)]) | ("graded", keys, Future)
-    held: dict[str, list[tuple[str, int]]] = {a: [] for a in names}  # requests for backends without submit
-    outstanding = 0  # submitted generations and grading calls whose event has not been handled yet
-    total, built = max_nodes * len(problems), 0
+    search = TreeSearch(problems, agents, policy=policy, max_nodes=max_nodes, sampling=sampling, grade=grade,
+                        seed=seed, detailed_feedback=detailed_feedback, expansions_per_wave=expansions_per_wave,
+                        progress=progress)
+    return search.run()
 
-    def start_round(pid: str) -> None:
-        nonlocal outstanding
-        tree = trees[pid]
+
+class TreeSearch:
+    """The trees of one search and what is in flight for them. A tree goes round by round: ``start_round`` asks its
+    next expansions and sends their prompts, ``on_generated`` extracts each program for grading, ``on_graded``
+    tells the round's scores once all of them are in and starts the next round. Every completion (a generation, a
+    grading call) arrives as an event on one queue, and ``run`` handles what has arrived together, so the programs
+    that came back meanwhile are graded in one call."""
+
+    def __init__(self, problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
+                 max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int, detailed_feedback: bool,
+                 expansions_per_wave: int, progress: Callable[[int, int], None] | None):
+        self.problems, self.agents, self.policy, self.grade = problems, agents, policy, grade
+        self.max_nodes, self.k, self.detailed_feedback, self.progress = (max_nodes, expansions_per_wave,
+                                                                          detailed_feedback, progress)
+        self.names = tuple(agents)
+        self.by_id = {p.id: p for p in problems}
+        self.trees = {p.id: SearchTree(agents=self.names) for p in problems}
+        self.rngs = {p.id: tree_seed(seed, p.id) for p in problems}
+        self.rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
+        self.rounds: dict[str, Round] = {}
+        self.finished_rounds = dict.fromkeys(self.by_id, 0)
+        self.request_seed_base = sampling.seed
+        self.params = dataclasses.replace(sampling, n=1)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # ("generated", [(pid, j, Future)]) | ("graded", keys, F)
+        self.held: dict[str, list[tuple[str, int]]] = {a: [] for a in self.names}  # for backends without submit
+        self.outstanding = 0  # generations and grading calls sent whose event has not been handled yet
+        self.total, self.built = max_nodes * len(problems), 0
+
+    def run(self) -> list[dict[str, Any]]:
+        for p in self.problems:
+            if self.max_nodes > 0:
+                self.start_round(p.id)
+        with ThreadPoolExecutor(max_workers=max(1, len(self.names))) as graders:
+            while self.rounds:
+                if not self.outstanding:
+                    self.send_held()
+                jobs = []
+                for kind, payload, *rest in self.arrived():
+                    if kind == "generated":
+                        jobs += self.on_generated(payload)
+                    else:
+                        self.on_graded(payload, rest[0].result())
+                if jobs:
+                    keys = [k for k, _ in jobs]
+                    self.outstanding += 1
+                    graders.submit(self.grade, [job for _, job in jobs]).add_done_callback(
+                        lambda f, keys=keys: self.events.put(("graded", keys, f)))
+        return [r for p in self.problems for r in self.rows[p.id]]
+
+    def arrived(self) -> list[tuple]:
+        """The next event (waiting for it) and every other one already there."""
+        batch = [self.events.get()]
+        while True:
+            try:
+                batch.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        self.outstanding -= len(batch)
+        return batch
+
+    def start_round(self, pid: str) -> None:
+        """Ask the tree's next expansions (k, or the nodes it has left) and send their prompts."""
+        tree = self.trees[pid]
         asks = []
-        for j in range(min(expansions_per_wave, max_nodes - len(tree))):
-            exp = policy.ask(tree, rngs[pid])
-            text = agents[exp.agent].chat(_prompt(by_id[pid], exp, rows[pid], detailed_feedback))
-            asks.append((exp, request_seed(sampling.seed, pid, len(tree) + j), text))
+        for j in range(min(self.k, self.max_nodes - len(tree))):
+            exp = self.policy.ask(tree, self.rngs[pid])
+            text = self.agents[exp.agent].chat(_prompt(self.by_id[pid], exp, self.rows[pid], self.detailed_feedback))
+            asks.append((exp, request_seed(self.request_seed_base, pid, len(tree) + j), text))
         n = len(asks)
-        rounds[pid] = Round(asks, [None] * n, [None] * n, [None] * n, n)
+        self.rounds[pid] = Round(asks, [None] * n, [None] * n, [None] * n, n)
         for j, (exp, request, text) in enumerate(asks):
-            backend = agents[exp.agent].backend
+            backend = self.agents[exp.agent].backend
             if streams(backend):
-                outstanding += 1
-                backend.submit(text, params, request).add_done_callback(
-                    lambda f, key=(pid, j): events.put(("generated", [(*key, f)])))
+                self.outstanding += 1
+                backend.submit(text, self.params, request).add_done_callback(
+                    lambda f, key=(pid, j): self.events.put(("generated", [(*key, f)])))
             else:
-                held[exp.agent].append((pid, j))
+                self.held[exp.agent].append((pid, j))
 
-    def send_held() -> None:
+    def send_held(self) -> None:
         """Nothing else can come back: each batch-only backend gets its waiting requests in one call."""
-        nonlocal outstanding
-        for agent in names:
-            keys, held[agent] = held[agent], []
+        for agent in self.names:
+            keys, self.held[agent] = self.held[agent], []
             if not keys:
                 continue
-            asks = [rounds[pid].asks[j] for pid, j in keys]
-            gens = agents[agent].backend.generate([t for _, _, t in asks], params, [s for _, s, _ in asks])
-            outstanding += 1
-            events.put(("generated", [(pid, j, _done(g[0])) for (pid, j), g in zip(keys, gens, strict=True)]))
+            asks = [self.rounds[pid].asks[j] for pid, j in keys]
+            gens = self.agents[agent].backend.generate([t for _, _, t in asks], self.params, [s for _, s, _ in asks])
+            self.outstanding += 1
+            self.events.put(("generated", [(pid, j, _done(g[0])) for (pid, j), g in zip(keys, gens, strict=True)]))
 
-    def generated(batch: list[tuple[str, int, Future]]) -> list:
+    def on_generated(self, batch: list[tuple[str, int, Future]]) -> list:
+        """Record each generation and its program; returns the grading jobs ((pid, j), (code, tests, func_name))."""
         jobs = []
         for pid, j, future in batch:
             g = future.result()  # an engine's error ends the search here, naming its agent
-            r = rounds[pid]
+            r = self.rounds[pid]
             r.generations[j], r.codes[j] = g, extract_code(g.text)
-            jobs.append(((pid, j), (r.codes[j], by_id[pid].public_tests, by_id[pid].func_name)))
+            jobs.append(((pid, j), (r.codes[j], self.by_id[pid].public_tests, self.by_id[pid].func_name)))
         return jobs
 
-    def graded(keys: list[tuple[str, int]], verdicts: list[Any]) -> None:
-        nonlocal built
+    def on_graded(self, keys: list[tuple[str, int]], verdicts: list[Any]) -> None:
+        """Record the verdicts; a tree whose round is complete tells its scores, writes its rows and goes on."""
         for (pid, j), v in zip(keys, verdicts, strict=True):
-            r = rounds[pid]
+            r = self.rounds[pid]
             r.verdicts[j], r.left = v, r.left - 1
-            if r.left:
-                continue
-            for (exp, _, text), g, code, verdict in zip(r.asks, r.generations, r.codes, r.verdicts, strict=True):
-                node_id = policy.tell(trees[pid], exp, public_score(verdict))
-                parent_agent = rows[pid][exp.parent]["agent"] if exp.parent != ROOT else None
-                rows[pid].append(node_row(pid, node_id, parent=exp.parent, depth=trees[pid].nodes[node_id].depth,
-                                          agent=exp.agent, parent_agent=parent_agent, wave=finished_rounds[pid],
-                                          prompt=text, generation=g, code=code, verdict=verdict))
-            finished_rounds[pid] += 1
-            built += len(r.asks)
-            del rounds[pid]
-            if len(trees[pid]) < max_nodes:
-                start_round(pid)
-        if progress is not None:
-            progress(built, total)
+            if not r.left:
+                self.tell_round(pid, r)
+        if self.progress is not None:
+            self.progress(self.built, self.total)
 
-    for p in problems:
-        if max_nodes > 0:
-            start_round(p.id)
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as graders:
-        while rounds:
-            if not outstanding:
-                send_held()
-            batch = [events.get()]
-            while True:  # everything that has come back so far is handled together: one grading call
-                try:
-                    batch.append(events.get_nowait())
-                except queue.Empty:
-                    break
-            outstanding -= len(batch)
-            jobs = []
-            for kind, payload, *rest in batch:
-                if kind == "generated":
-                    jobs += generated(payload)
-                else:
-                    graded(payload, rest[0].result())
-            if jobs:
-                keys = [k for k, _ in jobs]
-                outstanding += 1
-                graders.submit(grade, [job for _, job in jobs]).add_done_callback(
-                    lambda f, keys=keys: events.put(("graded", keys, f)))
-    return [r for p in problems for r in rows[p.id]]
+    def tell_round(self, pid: str, r: Round) -> None:
+        tree, rows = self.trees[pid], self.rows[pid]
+        for (exp, _, text), g, code, verdict in zip(r.asks, r.generations, r.codes, r.verdicts, strict=True):
+            node_id = self.policy.tell(tree, exp, public_score(verdict))
+            parent_agent = rows[exp.parent]["agent"] if exp.parent != ROOT else None
+            rows.append(node_row(pid, node_id, parent=exp.parent, depth=tree.nodes[node_id].depth, agent=exp.agent,
+                                 parent_agent=parent_agent, wave=self.finished_rounds[pid], prompt=text,
+                                 generation=g, code=code, verdict=verdict))
+        self.finished_rounds[pid] += 1
+        self.built += len(r.asks)
+        del self.rounds[pid]
+        if len(tree) < self.max_nodes:
+            self.start_round(pid)
 
 
 def _done(value: Any) -> Future:

@@ -442,7 +442,6 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     ``mars2.policy_logprobs``, ``mars2.backward`` and ``mars2.optimizer_step``.
     """
     select_accelerator()
-    import deepspeed
     import torch.distributed as dist
 
     rank, world = init_distributed()
@@ -450,17 +449,57 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     torch.manual_seed(hp.seed)
-    out_dir = Path(out_dir)
+    plan = plan_steps(samples, hp, world, rank, pad_id, device)
+    ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=plan.n_micro, grad_clip=hp.grad_clip)
+    with record_function("mars2.reference_logprobs"):
+        ref_logps = reference_logprobs(ref_model_dir, plan.batches, ds_cfg, hp, device)
+    engine, optimizer, lr, step = policy_engine(model_dir, prev_ds_dir, profile, ds_cfg, hp, device)
+    start = time.perf_counter()
+    totals, grad_norm = optimizer_steps(engine, plan, ref_logps, hp, world, progress)
+    seconds = time.perf_counter() - start
+    engine.save_checkpoint(str(Path(out_dir) / "ds"), tag="ckpt",
+                           client_state={"update_step": step + len(plan.steps), "torch_rng": torch.get_rng_state()})
+    _save_hf(engine, Path(out_dir) / "model", profile, rank)
+    if world > 1:
+        dist.barrier()
+    release_engine(engine)
+    del engine, optimizer
+    free_accelerator_memory()
+    return update_metrics(totals, plan, grad_norm=grad_norm, lr=lr, step=step, world=world, seconds=seconds)
+
+
+@dataclass
+class StepPlan:
+    """The update's samples cut into optimizer steps (``groups``: sample indices per step), this rank's micro-batches
+    of each step (``steps``: per step, per micro-batch, sample indices) and their packed tensors (``batches``, in
+    step then micro-batch order); ``n_micro`` micro-batches per step on every rank."""
+
+    samples: list[Sample]
+    groups: list[list[int]]
+    steps: list[list[list[int]]]
+    batches: list[dict[str, torch.Tensor]]
+    lengths: list[int]
+    n_micro: int
+
+
+def plan_steps(samples: list[Sample], hp: UpdateHParams, world: int, rank: int, pad_id: int, device: str) -> StepPlan:
+    """Trainable samples → ``hp.step_batch`` steps (:func:`step_groups`) → this rank's micro-batches of each
+    (:func:`rank_micro_batches`, by ``hp.micro_batch`` samples or ``hp.micro_batch_tokens`` padded tokens)."""
     samples = trainable_samples(samples)
     groups = step_groups(len(samples), hp.step_batch, hp.seed)
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     steps = rank_micro_batches(groups, hp.micro_batch, world, rank, lengths=lengths,
                                micro_batch_tokens=hp.micro_batch_tokens)
-    n_micro = len(steps[0])
-    ds_cfg = deepspeed_config(profile, micro_batch=hp.micro_batch, grad_accum=n_micro, grad_clip=hp.grad_clip)
     batches = [pack_batch([samples[i] for i in idx], pad_id, device) for micro in steps for idx in micro]
-    with record_function("mars2.reference_logprobs"):
-        ref_logps = reference_logprobs(ref_model_dir, batches, ds_cfg, hp, device)
+    return StepPlan(samples, groups, steps, batches, lengths, len(steps[0]))
+
+
+def policy_engine(model_dir: str, prev_ds_dir: str | None, profile: dict[str, Any], ds_cfg: dict[str, Any],
+                  hp: UpdateHParams, device: str):
+    """The policy's DeepSpeed engine (partitioned under ZeRO-3) with :func:`build_optimizer` at this update's lr
+    (:func:`update_lr`), resumed from the previous update's ``ds/`` when there is one (optimizer state, torch RNG,
+    the update step). Returns (engine, optimizer, lr, update step reached so far)."""
+    import deepspeed
 
     model = load_causal_lm(model_dir, hp.dtype, device, ds_cfg)
     if profile.get("gradient_checkpointing"):
@@ -477,7 +516,19 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     for group in optimizer.param_groups:  # the checkpoint brought back the previous update's lr
         group["lr"] = lr
     engine.train()
-    start = time.perf_counter()
+    return engine, optimizer, lr, step
+
+
+SUMMED, WEIGHTED = ("loss", "pg_loss", "kl"), ("clip_frac", "tis_vetoed")  # per step / per sample in the totals
+
+
+def optimizer_steps(engine, plan: StepPlan, ref_logps: list[torch.Tensor], hp: UpdateHParams, world: int,
+                    progress: Callable[[int, int], None] | None) -> tuple[torch.Tensor, float | None]:
+    """Every step of ``plan``: the loss ``LOSSES[hp.loss]`` of each micro-batch, backward, and DeepSpeed's step at
+    the step's last micro-batch. π_old is the policy before the first step (scored up front when there are several
+    steps). Returns the totals (:data:`SUMMED` summed over micro-batches, :data:`WEIGHTED` weighted by samples, then
+    the tokens trained), summed over ranks, and the last step's gradient norm."""
+    samples, steps, batches, n_micro = plan.samples, plan.steps, plan.batches, plan.n_micro
 
     def logprobs(batch):
         with record_function("mars2.policy_logprobs"):
@@ -488,11 +539,10 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     if len(steps) > 1:
         with torch.no_grad():
             old_logps = [logprobs(b) for b in batches]
-    summed, weighted = ("loss", "pg_loss", "kl"), ("clip_frac", "tis_vetoed")
-    totals = torch.zeros(len(summed) + len(weighted), dtype=torch.float64)
+    totals = torch.zeros(len(SUMMED) + len(WEIGHTED), dtype=torch.float64)
     grad_norm = None
     k = trained = 0
-    for micro, group in zip(steps, groups, strict=True):
+    for micro, group in zip(steps, plan.groups, strict=True):
         # every micro-batch's means are taken over the whole step's sequences and response tokens (all ranks): the
         # micro-batch losses then add up to the step's loss, so the gradient does not depend on the split
         n_seqs, n_tokens = len(group), sum(len(samples[i].response_ids) for i in group)
@@ -516,23 +566,21 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
         trained += len(group)
         if progress is not None:
             progress(trained, len(samples))
-    tokens = float(sum(lengths[i] for micro in steps for idx in micro for i in idx))
-    totals = _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device, world)
-    seconds = time.perf_counter() - start
-    engine.save_checkpoint(str(out_dir / "ds"), tag="ckpt",
-                           client_state={"update_step": step + len(steps), "torch_rng": torch.get_rng_state()})
-    _save_hf(engine, out_dir / "model", profile, rank)
-    if world > 1:
-        dist.barrier()
-    release_engine(engine)
-    del engine, optimizer, model, logprobs
-    free_accelerator_memory()
-    means = {key: float(totals[j]) / len(steps) for j, key in enumerate(summed)}
-    means |= {key: float(totals[len(summed) + j]) / len(samples) for j, key in enumerate(weighted)}
+    tokens = float(sum(plan.lengths[i] for micro in steps for idx in micro for i in idx))
+    return _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device,
+                           world), grad_norm
+
+
+def update_metrics(totals: torch.Tensor, plan: StepPlan, *, grad_norm: float | None, lr: float, step: int,
+                   world: int, seconds: float) -> dict[str, float]:
+    """The update's metrics: loss terms averaged over steps, clip and veto shares over samples, throughput."""
+    n_steps = len(plan.steps)
+    means = {key: float(totals[j]) / n_steps for j, key in enumerate(SUMMED)}
+    means |= {key: float(totals[len(SUMMED) + j]) / len(plan.samples) for j, key in enumerate(WEIGHTED)}
     extra = {} if grad_norm is None else {"grad_norm": grad_norm}
-    return {**means, **extra, "lr": float(lr), "n_samples": float(len(samples)), "update_step": float(step + len(steps)),
-            "optimizer_steps": float(len(steps)), "processes": float(world), "micro_batches": float(n_micro),
-            "cpu_threads": float(torch.get_num_threads()),
+    return {**means, **extra, "lr": float(lr), "n_samples": float(len(plan.samples)),
+            "update_step": float(step + n_steps), "optimizer_steps": float(n_steps), "processes": float(world),
+            "micro_batches": float(plan.n_micro), "cpu_threads": float(torch.get_num_threads()),
             "tokens_per_s": float(totals[-1]) / max(seconds, 1e-9), "step_seconds": seconds}
 
 
