@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
 configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
@@ -28,8 +28,8 @@ from mars2.config import CompareConfig, ConfigError, PathsConfig, RunConfig
 from mars2.eval.compare import ARM_NAMES, METRIC_NAMES, METRICS, arm_of, comparison_table, plot_comparison, \
     run_row, to_markdown
 from mars2.io import atomic_write_text
-from tasks import tracking
-from tasks.config import CONF_DIR, compose_run
+from pipeline import tracking
+from pipeline.config import CONF_DIR, compose_run
 
 
 def split_config(cfg: DictConfig) -> tuple[RunConfig, CompareConfig]:

@@ -17,7 +17,7 @@ needs ``pip install -e .`` of the same code and ``MARS2_HOME`` pointing at the s
   (``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]``), waits for them, and fails naming the
   points that did not complete (``wait=False``: submit and return).
 - ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml``: one stage of a train cycle run
-  with ``orchestration=pools`` (``tasks/stages.py``).
+  with ``orchestration=pools`` (``pipeline/dispatch.py``).
 
 Missing work pools are created as ``process`` pools (``--no-create-pools`` to skip). ``train-cycle/<pool>`` runs
 one flow run at a time by default (each run's CPU budget is all of its worker's cores; ``--concurrency``).
@@ -34,15 +34,15 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
 configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 from prefect import flow
 from prefect.deployments.runner import EntrypointType
 
 from mars2.config import ConfigError
-from tasks.config import load_cfg
-from tasks.stages import stage_flow
+from pipeline.config import load_cfg
+from pipeline.dispatch import stage_flow
 from flows.train_cycle import train_cycle
 
 DEFAULT_POOL = "cpu"

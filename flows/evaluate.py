@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import sys
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
-configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
-from tasks.cli import check_command_line, run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run
-from tasks.session import checkpoints_of, flow_session, team_weights
+from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.config import CONF_DIR, compose_run
+from pipeline.session import checkpoints_of, flow_session, team_weights
 
 CONFIG_NAME = "evaluate"
 
@@ -42,7 +42,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
                       title="mars2 evaluation") as s:
         dataset, agents, weights = team_weights(s)
         s.metrics = s.report.done(s.stage.evaluate(
-            s.ctx, evaluation=cfg.eval, search=cfg.search, grading=cfg.grading, engine=cfg.backend,
+            s.ctx, evaluation=cfg.eval, search=cfg.search, grading=cfg.grading, backend=cfg.backend,
             members=cfg.agents.members, weights={m.name: weights for m in cfg.agents.owners}, agents=agents,
             dataset=dataset, cycle=0, max_problems=cfg.data.max_eval_problems), cycle=0, label="eval").metrics
         return s.finish()

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import sys
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
-configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
 from mars2.config import RunConfig
-from tasks.cli import check_command_line, run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run
-from tasks.session import checkpoints_of, flow_session, team_weights
+from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.config import CONF_DIR, compose_run
+from pipeline.session import checkpoints_of, flow_session, team_weights
 
 CONFIG_NAME = "config"
 
@@ -43,7 +43,7 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
                       title="mars2 refine gate") as s:
         dataset, agents, weights = team_weights(s)
         gate = s.report.done(s.stage.refine_gate(s.ctx, gate=cfg.gate, search=cfg.search, grading=cfg.grading,
-                                                 engine=cfg.backend, members=cfg.agents.members, weights=weights,
+                                                 backend=cfg.backend, members=cfg.agents.members, weights=weights,
                                                  agents=agents, dataset=dataset), cycle=0)
         summary = s.finish(notes=gate.path("gate.md").read_text())
     return summary | {"gate": gate.metrics, "passes": bool(gate.metrics["passes"]), "gate_dir": gate.dir}

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import sys
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
 configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
 import hydra
 from omegaconf import DictConfig
 
 from mars2.config import ConfigError
-from tasks.config import compose_run
+from pipeline.config import compose_run
 
 
 def _import_deepspeed_without_mlflow() -> None:

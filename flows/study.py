@@ -19,9 +19,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
-configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -37,9 +37,9 @@ from mars2.eval.compare import (METRICS, arm_intervals, claim_intervals, claims_
                                 is_claim_metric, per_problem_scores, plot_arm_intervals, plot_claims, plot_comparison,
                                 plot_learning_curves, run_row, to_markdown)
 from mars2.io import atomic_write_text
-from tasks import tracking
-from tasks.cli import run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run, load_cfg, to_yaml
+from pipeline import tracking
+from pipeline.cli import run_flow_from_cli
+from pipeline.config import CONF_DIR, compose_run, load_cfg, to_yaml
 
 CONFIG_NAME = "study_config"
 

@@ -19,9 +19,9 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 
-configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (tasks/runtime.py)
+configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
 from prefect import flow, get_run_logger
@@ -29,12 +29,12 @@ from prefect.runtime import deployment, flow_run
 
 from mars2.sandbox import isolation_params
 from mars2.train.checkpoints import prune_optimizer_states
-from tasks import tracking
-from tasks.cli import check_command_line, run_flow_from_cli
-from tasks.config import CONF_DIR, compose_run
-from tasks.session import flow_session, team_weights
-from tasks.stages import check_dispatch
-from tasks.weights import model_dir
+from pipeline import tracking
+from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.config import CONF_DIR, compose_run
+from pipeline.session import flow_session, team_weights
+from pipeline.dispatch import check_dispatch
+from pipeline.weights import model_dir
 
 
 @flow(name="train-cycle")
@@ -50,7 +50,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         run.log_params(cfg, isolation_params(cfg.grading.isolation, cfg.grading.workers or None))
         members, owners = cfg.agents.members, {m.name: m for m in cfg.agents.owners}
         profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
-        common = dict(ctx=ctx, grading=cfg.grading, engine=cfg.backend, members=members)  # every generation stage's
+        common = dict(ctx=ctx, grading=cfg.grading, backend=cfg.backend, members=members)  # every generation stage's
         dataset, agents, _ = team_weights(s, checkpoints=False)  # cycle 0's weights and the KL reference
         weights = {name: agents for name in owners}
         optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first

@@ -1,7 +1,7 @@
 """Typed configuration schema of a mars2 run, and its validation.
 
 These are plain dataclasses, the one home of every default and of each field's meaning (its docstring): Hydra uses
-them as structured configs (``tasks/config.py`` registers them; a ``conf/`` group file holds only what differs), and
+them as structured configs (``pipeline/config.py`` registers them; a ``conf/`` group file holds only what differs), and
 library code receives either plain arguments or one of these typed objects, never a DictConfig. :func:`validate` is
 called once at a flow's entry and raises :class:`ConfigError` with a one-paragraph message saying what is wrong and
 what is allowed.

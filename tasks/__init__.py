@@ -1,5 +1,3 @@
-"""Prefect tasks, one per pipeline stage: caching, artefact folders, MLflow logging. No algorithm here.
-
-Importing this package changes nothing in the process: entry points call
-:func:`tasks.runtime.configure_process` themselves, before Prefect, MLflow or transformers are imported.
+"""The pipeline's stages, one Prefect task each (pipelines.md lists them): caching, artefact folders, MLflow metrics.
+No algorithm here (``mars2/``), and nothing that runs them (``pipeline/``).
 """

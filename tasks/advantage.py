@@ -10,11 +10,11 @@ from prefect import task
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
-from tasks.weights import owner_of
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.weights import owner_of
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 
 STAGE = "advantage"
-MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "tasks.weights")
+MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "pipeline.weights")
 
 
 # the shaping and filtering settings, the reward's length limit L_max, and who owns whose weights

@@ -8,7 +8,7 @@ import pandas as pd
 from prefect import task
 
 from mars2.config import AgentConfig
-from tasks.stage import (AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, narrowed,
+from pipeline.stage import (AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, narrowed,
                          run_stage)
 
 STAGE = "agents"

@@ -16,7 +16,7 @@ from prefect import task
 
 from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
 
 STAGE = "bootstrap"
 # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
@@ -27,7 +27,8 @@ READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
          "grading": ("time_limit_s", "memory_mb", "isolation", "parity")}
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
-           "mars2.backends", "mars2.sandbox", "mars2.data.schema", "mars2.data.tables", "mars2.io", "tasks.bootstrap", "tasks.weights")
+           "mars2.backends", "mars2.sandbox", "mars2.data.schema", "mars2.data.tables", "mars2.io", "tasks.bootstrap",
+           "pipeline.weights")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:

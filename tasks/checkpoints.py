@@ -15,10 +15,10 @@ from prefect import task
 
 from mars2.config import ConfigError
 from mars2.io import folder_fingerprints
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "tasks.weights")
+MODULES = ("mars2.io", "tasks.checkpoints", "pipeline.weights")
 
 
 class CheckpointError(ConfigError):

@@ -11,7 +11,7 @@ from mars2.config import DataConfig
 from mars2.data.sources import REJECT_COLUMNS, build_dataset, input_files, summary_metrics
 from mars2.data.tables import problems_to_frame
 from mars2.io import atomic_write_json, sha256_file, sha256_json, write_parquet
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "data"
 MODULES = ("mars2.data", "mars2.io", "tasks.data")

@@ -23,16 +23,16 @@ from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
 from mars2.eval.run import SEARCH_READS
 from mars2.search.run import public_grader
-from tasks.progress import stage_progress
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
-from tasks.engines import release
-from tasks.weights import GENERATION_FIELDS, agent_runners
+from pipeline.progress import stage_progress
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.engines import release
+from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "evaluation"
 # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
 # (mars2.eval.stats, mars2.eval.compare) do not change what an evaluation produces, so editing them must not re-run it.
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
-           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "tasks.weights")
+           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.weights")
 
 
 # the search settings the evaluation trees take (and the engines' batch), the agents' generation fields
@@ -42,7 +42,7 @@ READS = {"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS}
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
       task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
-             engine: BackendConfig, members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
+             backend: BackendConfig, members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
              dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
@@ -61,7 +61,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
-        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, engine=engine, ctx=ctx)
+        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)  # its slots within the run's CPU budget
         with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs",
                             every_s=ctx.progress_every_s) as advance:

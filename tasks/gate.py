@@ -16,14 +16,14 @@ from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, 
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, atomic_write_text, write_parquet
 from mars2.search.run import public_grader, search_sampling
-from tasks.engines import release
-from tasks.progress import stage_progress
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
-from tasks.weights import GENERATION_FIELDS, agent_runners, owner_of
+from pipeline.engines import release
+from pipeline.progress import stage_progress
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.weights import GENERATION_FIELDS, agent_runners, owner_of
 
 STAGE = "gate"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
-           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "tasks.weights")
+           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "pipeline.weights")
 # how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
 READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
          "members": GENERATION_FIELDS}
@@ -31,7 +31,7 @@ READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
 def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, grading: GradingConfig,
-                engine: BackendConfig, members: list[AgentConfig], weights: StageRecord, agents: StageRecord,
+                backend: BackendConfig, members: list[AgentConfig], weights: StageRecord, agents: StageRecord,
                 dataset: StageRecord) -> StageRecord:
     """``attempts.parquet`` (every fresh program and refine attempt with its public score and hidden verdict),
     ``gate.parquet`` (:func:`mars2.eval.gate.gate_table`), ``refine_outcomes.parquet`` and ``gate.md``; metrics
@@ -48,7 +48,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         problems = problems_from_frame(pool.set_index("id").loc[ids].reset_index())
         owners = {owner_of(m) for m in members}
         runners = agent_runners(members, {o: weights for o in owners}, agents, batch_size=search.batch_size,
-                                engine=engine, ctx=ctx)
+                                backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)
         sampling = search_sampling(search, seed=search.seed)
         with stage_progress("gate", "programs", every_s=ctx.progress_every_s) as advance:

@@ -10,8 +10,8 @@ from prefect import task
 from mars2.config import GradingConfig
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
-from tasks.progress import stage_progress
-from tasks.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.progress import stage_progress
+from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
 
 STAGE = "grading"
 MODULES = ("mars2.sandbox", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.grading")

@@ -12,12 +12,12 @@ from prefect import task
 
 from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
-from tasks.progress import stage_progress
-from tasks.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
-from tasks.weights import in_process_device
+from pipeline.progress import stage_progress
+from pipeline.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.weights import in_process_device
 
 STAGE = "update"
-MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "tasks.weights")
+MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "pipeline.weights")
 
 
 @task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True,

@@ -14,7 +14,7 @@ for path in (ROOT, ROOT / "tests"):  # the project's packages, and flowenv.py
         sys.path.insert(0, str(path))
 
 from flowenv import flow_env, stop_server  # noqa: E402
-from tasks.runtime import configure_process  # noqa: E402
+from pipeline.runtime import configure_process  # noqa: E402
 
 configure_process()  # what every entry point does first (tests import stages without one)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mars2.config import ConfigError
-from tasks.config import CONF_DIR, ROSTER_PRESETS, load_cfg, resolve
+from pipeline.config import CONF_DIR, ROSTER_PRESETS, load_cfg, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted([p.stem for p in (CONF_DIR / "agents").glob("*.yaml")] + ROSTER_PRESETS)

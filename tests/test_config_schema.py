@@ -14,7 +14,7 @@ import yaml
 
 import mars2.config as schema
 from mars2.config import AgentConfig, RunConfig, StudyConfig
-from tasks.config import CONF_DIR
+from pipeline.config import CONF_DIR
 
 GROUPS = ("agents", "backend", "data", "eval", "orchestration", "plan", "search", "train")  # RunConfig fields
 

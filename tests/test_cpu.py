@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mars2.cpu import cgroup_cpu_limit, cpu_budget, split_cpus, thread_environment, usable_cpus
-from tasks.stage import StageContext
+from pipeline.stage import StageContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_the_thread_environment_sizes_every_pool_and_waits_passively():
 
 def test_a_negative_budget_is_refused_at_the_flows_entry():
     from mars2.config import ConfigError
-    from tasks.config import load_cfg, resolve
+    from pipeline.config import load_cfg, resolve
 
     with pytest.raises(ConfigError, match="cpus=-1 must be >= 0"):
         resolve(load_cfg(["cpus=-1"]), cuda_available=False)

@@ -8,7 +8,7 @@ import pytest
 
 from mars2.config import ConfigError, DataConfig
 from mars2.data import build_dataset
-from tasks.config import CONF_DIR, load_cfg, resolve
+from pipeline.config import CONF_DIR, load_cfg, resolve
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LCB = str(FIXTURES / "lcb")

@@ -1,6 +1,6 @@
-"""Deployments, sweeps and work pools (flows/deploy.py, tasks/stages.py, conf/orchestration/).
+"""Deployments, sweeps and work pools (flows/deploy.py, pipeline/dispatch.py, conf/orchestration/).
 
-Fast tests: the CLI and a deployment compose identical configs (one function, ``tasks.config.compose_run``), the
+Fast tests: the CLI and a deployment compose identical configs (one function, ``pipeline.config.compose_run``), the
 CLI hands each Hydra job's overrides to the flow (``-m`` gives one flow run per job), stage arguments survive the
 trip to a worker with their cache keys, stages are placed by ``orchestration.pools``.
 
@@ -32,8 +32,8 @@ import yaml
 from flowenv import RANDOM_TEAM, free_port
 
 from mars2.config import ConfigError, OrchestrationConfig
-from tasks.stage import AgentWeights, StageContext, StageRecord, stage_digest
-from tasks.config import compose_run, load_cfg, to_container
+from pipeline.stage import AgentWeights, StageContext, StageRecord, stage_digest
+from pipeline.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*RANDOM_TEAM, "eval.before=False", "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
@@ -74,7 +74,7 @@ def test_cli_and_deployment_compose_identical_configs(overrides, tmp_path, monke
     if not any(o.startswith("agents=heterogeneous") for o in overrides):  # CPU presets validate here
         from omegaconf import OmegaConf
 
-        from tasks.config import resolve
+        from pipeline.config import resolve
 
         assert to_container(resolve(OmegaConf.create(cli))) == to_container(compose_run(overrides))
 
@@ -153,7 +153,7 @@ def test_a_failed_sweep_names_its_failed_points_by_what_varies():
 # ---------------------------------------------------------------- stages on pools
 
 def _stage_names() -> list[str]:
-    from tasks.stages import ALL
+    from pipeline.dispatch import ALL
 
     return list(ALL)
 
@@ -182,7 +182,7 @@ def _argument(hint, cfg, ctx: StageContext, rec: StageRecord):
 def _stage_call(name: str) -> dict:
     import typing
 
-    from tasks.stages import ALL
+    from pipeline.dispatch import ALL
 
     cfg = compose_run(SMALL, cuda_available=False)
     ctx = StageContext(root="/runs/x", flow_run_id="f-1", fail_at=None)
@@ -198,7 +198,7 @@ def _stage_call(name: str) -> dict:
 @pytest.mark.parametrize("name", _stage_names())
 def test_stage_arguments_reach_a_worker_with_the_same_cache_key(name):
     """A dispatched stage is rebuilt on the worker from JSON: same typed values, same cache key."""
-    from tasks.stages import ALL, decode_args, encode_args
+    from pipeline.dispatch import ALL, decode_args, encode_args
 
     task = ALL[name]
     arguments = _stage_call(name)
@@ -206,14 +206,14 @@ def test_stage_arguments_reach_a_worker_with_the_same_cache_key(name):
     received = decode_args(task, sent)
     assert received == arguments
     assert {k: type(v) for k, v in received.items()} == {k: type(v) for k, v in arguments.items()}
-    modules = ("tasks.stages",)
+    modules = ("pipeline.dispatch",)
     assert stage_digest(task.name, modules, received) == stage_digest(task.name, modules, arguments)
 
 
 def test_stages_are_placed_by_their_pools(tmp_path):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tasks.stages import ALL, LocalStage, PoolStage, bound
+    from pipeline.dispatch import ALL, LocalStage, PoolStage, bound
 
     local = bound(tmp_path, OrchestrationConfig())
     assert all(isinstance(getattr(local, name), LocalStage) for name in ALL) and local.failed == []
@@ -231,7 +231,7 @@ def test_stages_are_placed_by_their_pools(tmp_path):
 
 
 def test_local_submit_runs_now_and_returns_a_finished_future():
-    from tasks.stages import LocalStage
+    from pipeline.dispatch import LocalStage
 
     seen = []
     future = LocalStage(lambda *a: seen.append(a) or "record").submit(1, 2)
@@ -239,7 +239,7 @@ def test_local_submit_runs_now_and_returns_a_finished_future():
 
 
 def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
-    from tasks.stages import bound
+    from pipeline.dispatch import bound
 
     stage = bound(tmp_path)
     ctx = StageContext(root=str(tmp_path), flow_run_id="f", fail_at="grading")

@@ -219,7 +219,7 @@ def test_shared_lcb_v5_public_window_selects_the_279(shared_lcb: Path):
 
 
 def test_shared_lcb_v5_public_preset(shared_lcb: Path):
-    from tasks.config import load_cfg, resolve
+    from pipeline.config import load_cfg, resolve
 
     cfg = resolve(load_cfg(["data=lcb_v5_public", f"data.path={shared_lcb}"]))
     ds = build_dataset(cfg.data)

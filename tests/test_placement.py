@@ -14,10 +14,10 @@ from mars2.backends.engine import EngineError
 from mars2.plan import PlanRefused, plan
 from mars2.plan.placement import owner_gpus, place
 from mars2.train.launch import launch_environment
-from tasks.config import compose_run
-from tasks.engines import EnginePool
+from pipeline.config import compose_run
+from pipeline.engines import EnginePool
 from tasks.update import update_devices
-from tasks.weights import engine_placement, in_process_device
+from pipeline.weights import engine_placement, in_process_device
 
 GPU_PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
 ONE_NODE = ("plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4")

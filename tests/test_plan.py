@@ -13,7 +13,7 @@ from mars2.config import ConfigError
 from mars2.plan import PUBLIC_PARAMS, PlanRefused, count_parameters, load_model_config, plan, require_fit
 from mars2.plan.memory import GB, kv_bytes_per_token, vllm_kv_budget, zero_model_states
 from mars2.plan.models import ModelConfigNotFound, shipped_models, tiny_config_dict
-from tasks.config import CONF_DIR, load_cfg, resolve
+from pipeline.config import CONF_DIR, load_cfg, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3_32B = 32_762_123_264

@@ -11,12 +11,12 @@ from flowenv import flow_env, prefect_api_url
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
-from tasks.runtime import configure_process
+from pipeline.runtime import configure_process
 configure_process()
 from prefect import flow, task
 from prefect.runtime import flow_run
 from mars2.sandbox.isolation import warn_once_if_weaker
-from tasks.config import warn_in_flow_run
+from pipeline.config import warn_in_flow_run
 
 @task
 def grade():  # what the grading stage logs when bubblewrap is unavailable
@@ -41,7 +41,7 @@ def test_mars2_warnings_reach_the_prefect_runs_logs(tmp_path):
     logs = httpx.post(f"{prefect_api_url()}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}},
                       timeout=10).json()
     warnings = {(r["name"], r["message"].split(".")[0]) for r in logs if r["level"] == 30}
-    assert ("tasks.config", "plan of qwen: ZeRO-3 on one GPU") in warnings, logs
+    assert ("pipeline.config", "plan of qwen: ZeRO-3 on one GPU") in warnings, logs
     assert ("mars2.sandbox.isolation", "SANDBOX: untrusted programs are graded at the 'process' isolation level "
             "(isolation=auto; bubblewrap: no user namespaces)") in warnings, logs
     sandbox = next(r for r in logs if r["name"] == "mars2.sandbox.isolation")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mars2.config import ConfigError
-from tasks.config import compose_run, to_container
+from pipeline.config import compose_run, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
@@ -83,7 +83,7 @@ def test_a_gpu_stage_on_a_worker_without_cuda_says_so(tmp_path, monkeypatch):
     import torch
 
     from mars2.config import AgentConfig, TrainConfig
-    from tasks.stage import StageContext
+    from pipeline.stage import StageContext
     from tasks.update import update_policy
 
     if torch.cuda.is_available():

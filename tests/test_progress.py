@@ -1,10 +1,10 @@
-"""tasks/progress.py: one transient display per stage, drawn only on a terminal."""
+"""pipeline/progress.py: one transient display per stage, drawn only on a terminal."""
 
 import io
 
 from rich.console import Console
 
-from tasks.progress import stage_progress
+from pipeline.progress import stage_progress
 
 
 def test_a_stage_draws_one_display_with_count_rate_and_phase_on_a_terminal():
@@ -56,7 +56,7 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
 
     from rich.console import Console
 
-    from tasks.report import cycle_table, evaluation_table
+    from pipeline.report import cycle_table, evaluation_table
 
     before = {"qwen_tiny/pass_at_1": 0.25, "team/pass_at_1": 0.25, "team/pass_at_1_mcts": 0.5, "n_problems": 4}
     after = {"qwen_tiny/pass_at_1": 0.5, "team/pass_at_1": 0.5, "team/pass_at_1_mcts": 0.75, "n_problems": 4}
@@ -86,7 +86,7 @@ def test_the_summary_shows_held_out_numbers_before_and_after_training():
 
 
 def test_an_unchanged_held_out_table_says_what_the_cycles_did_change():
-    from tasks.report import unchanged_note
+    from pipeline.report import unchanged_note
 
     before = {"team/pass_at_1": 0.344}
     rows = [{"cycle": -1, "stage": "eval", "metrics": before},
@@ -107,7 +107,7 @@ def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
 
     from rich.console import Console
 
-    from tasks.progress import stage_progress
+    from pipeline.progress import stage_progress
 
     beside = io.StringIO()
     handler = logging.StreamHandler(beside)  # the console handler a process has (Prefect's, on stderr)

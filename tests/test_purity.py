@@ -57,13 +57,21 @@ def test_sandbox_side_code_imports_the_standard_library_only():
     assert offenders == []
 
 
-def test_importing_tasks_changes_nothing_in_the_process():
-    """Entry points call tasks.runtime.configure_process() themselves; importing the package sets no environment
+def test_importing_tasks_or_pipeline_changes_nothing_in_the_process():
+    """Entry points call pipeline.runtime.configure_process() themselves; importing the package sets no environment
     variable and no warning filter."""
     code = ("import os, warnings, numpy, pandas; env = dict(os.environ); filters = list(warnings.filters); "
-            "import tasks, tasks.stage, "
-            "tasks.weights; print(dict(os.environ) == env and list(warnings.filters) == filters)")
+            "import tasks, tasks.rollout, pipeline, pipeline.stage, "
+            "pipeline.weights; print(dict(os.environ) == env and list(warnings.filters) == filters)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_tasks_holds_the_stages_and_nothing_else():
+    """``tasks/`` is the stage table: one module per stage task the dispatcher knows, the rest lives in pipeline/."""
+    from pipeline.dispatch import ALL
+
+    modules = {p.stem for p in (Path(__file__).resolve().parents[1] / "tasks").glob("*.py")} - {"__init__"}
+    assert modules == {fn.__module__.removeprefix("tasks.") for fn in ALL.values()}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli import no_space_left
+from pipeline.cli import no_space_left
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,9 +81,9 @@ def test_a_read_only_run_folder_is_refused_in_one_paragraph(tmp_path):
 SERVER = textwrap.dedent("""
     import sys
     sys.argv = ["flow"]
-    from tasks.runtime import configure_process
+    from pipeline.runtime import configure_process
     configure_process(temporary_server=True)
-    from tasks import runtime
+    from pipeline import runtime
     print(runtime.temporary_server_url())
     """)
 

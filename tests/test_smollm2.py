@@ -12,7 +12,7 @@ import pytest
 
 from mars2.config import ConfigError
 from mars2.models import smollm2
-from tasks.config import load_cfg, resolve
+from pipeline.config import load_cfg, resolve
 
 HAVE_SMOLLM2 = not smollm2.missing_requirements()
 needs_smollm2 = pytest.mark.skipif(

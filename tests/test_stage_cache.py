@@ -8,7 +8,7 @@ import pytest
 
 from mars2.config import DataConfig
 from mars2.io import atomic_dir, atomic_write_text
-from tasks.stage import (
+from pipeline.stage import (
     AgentWeights,
     MANIFEST,
     RESULTS_DIR,
@@ -99,7 +99,7 @@ def test_weights_survive_manifest_pickle_and_pools_dispatch(tmp_path):
 
     from pydantic import TypeAdapter
 
-    from tasks.stages import encode_args, read_dispatched
+    from pipeline.dispatch import encode_args, read_dispatched
 
     ctx = StageContext(root=str(tmp_path))
     weights = {"a": AgentWeights(model_dir="model", tokenizer_dir="/tok/a", optimizer_dir="ds"),
@@ -205,7 +205,7 @@ def test_an_altered_artefact_is_named_moved_aside_and_its_stage_runs_again(tmp_p
 
 def test_a_missing_artefact_counts_unless_the_pipeline_pruned_it(tmp_path):
     from mars2.train.checkpoints import PRUNED
-    from tasks.stage import altered_artefacts
+    from pipeline.stage import altered_artefacts
 
     ctx = StageContext(root=str(tmp_path))
 

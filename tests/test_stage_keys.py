@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from tasks import advantage, agents, bootstrap, evaluation, grading, rollout, update
-from tasks.config import load_cfg, resolve
-from tasks.stage import StageContext, StageRecord, narrowed
+from pipeline.config import load_cfg, resolve
+from pipeline.stage import StageContext, StageRecord, narrowed
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_evaluation_keys_on_its_own_tree_settings_not_the_training_search(cfg, t
     of the training search (search.max_nodes=4) or of the agents' lr reuses the held-out evaluation."""
     def key(search=cfg.search, members=cfg.agents.members):
         return _key(evaluation.evaluate, tmp_path, evaluation=cfg.eval, search=search, grading=cfg.grading,
-                    engine=cfg.backend, members=members, weights={}, agents=_record("agents"),
+                    backend=cfg.backend, members=members, weights={}, agents=_record("agents"),
                     dataset=_record("data"), cycle=-1, max_problems=3)
 
     base = key()
@@ -71,7 +71,7 @@ def test_advantage_keys_on_shaping_and_routing_not_the_optimizer(cfg, tmp_path):
 
 def test_rollout_keys_on_the_whole_search_and_how_agents_generate(cfg, tmp_path):
     def key(search=cfg.search, members=cfg.agents.members):
-        return _key(rollout.rollout, tmp_path, search=search, grading=cfg.grading, engine=cfg.backend,
+        return _key(rollout.rollout, tmp_path, search=search, grading=cfg.grading, backend=cfg.backend,
                     members=members, weights={}, agents=_record("agents"), dataset=_record("data"), cycle=0,
                     max_problems=3, rotate=True)
 

@@ -13,7 +13,7 @@ from mars2.config import ConfigError
 
 def test_study_config_composes_and_checks_equal_budgets():
     from flows.study import compose_study, programs_per_problem
-    from tasks.config import compose_run
+    from pipeline.config import compose_run
 
     study = compose_study([])
     assert set(study.arms) == {"grpo", "single", "homogeneous", "heterogeneous"} and len(study.seeds) >= 2
@@ -174,8 +174,8 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     params = {(u, k): v for u, k, v in db_params(tmp_path)}
     composed = next(u for u, k, v in tags if k == "mars2.arm" and v == "composed")
     grpo = next(u for u, k, v in tags if k == "mars2.arm" and v == "grpo")
-    from tasks import tracking
-    from tasks.config import compose_run
+    from pipeline import tracking
+    from pipeline.config import compose_run
 
     final = tracking.final_weights(compose_run([f"paths.root={tmp_path}"]), grpo)
     assert params[(composed, "eval.checkpoints.qwen_tiny")] == final["qwen_tiny"]

@@ -1,11 +1,11 @@
-"""tasks/tracking.py without a flow: the seeded MLflow store and the resume / defer / create rule of open_run."""
+"""pipeline/tracking.py without a flow: the seeded MLflow store and the resume / defer / create rule of open_run."""
 
 import sqlite3
 
 from mlflow.tracking import MlflowClient
 
-from tasks import tracking
-from tasks.config import compose_run, to_container, to_yaml
+from pipeline import tracking
+from pipeline.config import compose_run, to_container, to_yaml
 
 
 def test_a_new_run_folder_gets_a_working_store_from_the_template_and_an_existing_one_is_kept(tmp_path, monkeypatch):
@@ -58,9 +58,9 @@ _SWEEP_POINT = """
 import sys, time
 from pathlib import Path
 
-from tasks import tracking
-from tasks.config import compose_run, to_container, to_yaml
-from tasks.stage import StageRecord
+from pipeline import tracking
+from pipeline.config import compose_run, to_container, to_yaml
+from pipeline.stage import StageRecord
 
 point, start_at, data = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 cfg = compose_run([f"train.cycles={point + 1}"])  # another sweep point: another config, the same data
@@ -90,7 +90,7 @@ def test_sweep_points_tracking_at_once_into_one_store_all_finish_complete(tmp_pa
 
     import pandas as pd
 
-    from tasks.tracking import EXPERIMENT_KIND
+    from pipeline.tracking import EXPERIMENT_KIND
 
     data = tmp_path / "data"
     data.mkdir()
@@ -119,8 +119,8 @@ def test_sweep_points_tracking_at_once_into_one_store_all_finish_complete(tmp_pa
 
 _KILLED = """
 import os, signal
-from tasks import tracking
-from tasks.config import compose_run, to_container, to_yaml
+from pipeline import tracking
+from pipeline.config import compose_run, to_container, to_yaml
 
 cfg = compose_run([])
 run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id="flow-killed", run_name="k")

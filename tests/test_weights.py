@@ -16,7 +16,7 @@ from mars2.train.checkpoints import (
     prune_optimizer_states,
     require_optimizer_state,
 )
-from tasks.stage import AgentWeights, StageContext, StageRecord
+from pipeline.stage import AgentWeights, StageContext, StageRecord
 
 OWNER = "qwen_tiny"
 
@@ -162,3 +162,19 @@ def test_update_hands_on_a_complete_folder_and_fails_clearly_once_its_state_was_
     assert Path(w.model_dir).exists() and not Path(w.optimizer_dir).exists()
     with pytest.raises(OptimizerStateMissing, match="was pruned"):
         update(first, 2)  # an update from the first one's state (e.g. its successor's folder deleted)
+
+
+def test_checkpoint_files_follow_the_shard_index_else_every_safetensors_file(tmp_path):
+    import json
+
+    from mars2.backends.base import CheckpointRefused, checkpoint_files
+
+    with pytest.raises(CheckpointRefused, match="no \\*.safetensors"):
+        checkpoint_files(tmp_path)
+    for name in ("b.safetensors", "a.safetensors", "stale.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    assert [f.name for f in checkpoint_files(tmp_path)] == ["a.safetensors", "b.safetensors", "stale.safetensors"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "b.safetensors",
+                                                                                     "y": "a.safetensors",
+                                                                                     "z": "b.safetensors"}}))
+    assert [f.name for f in checkpoint_files(tmp_path)] == ["a.safetensors", "b.safetensors"]

@@ -72,11 +72,18 @@ def call_seeds(params: SamplingParams, prompts: list[str], seeds: list[int] | No
     return seeds
 
 
-def checkpoint_files(model_dir: str) -> list:
-    """A model folder's ``*.safetensors`` files, sorted (:class:`CheckpointRefused` when there are none)."""
+def checkpoint_files(model_dir) -> list:
+    """A model folder's safetensors files: the shards ``model.safetensors.index.json`` names when there is one, else
+    every ``*.safetensors``, sorted (:class:`CheckpointRefused` when there are none)."""
+    import json
     from pathlib import Path
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    path = Path(model_dir)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointRefused(f"no *.safetensors in {model_dir}")
     return files

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
+from mars2.backends.base import checkpoint_files
 from mars2.rl.losses import LOSSES
 
 DS_ONLY_KEYS = ("gradient_checkpointing",)
@@ -348,17 +349,6 @@ def load_causal_lm(path: str, dtype: str, device: str, ds_cfg: dict[str, Any] | 
     model.tie_weights()  # tied embeddings (config.tie_word_embeddings): lm_head shares the embedding's partition
     load_into_partitions(model, path)
     return model
-
-
-def checkpoint_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a model folder (one file, or the shards its index names)."""
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        import json
-
-        return [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    return [path / "model.safetensors"]
 
 
 def load_into_partitions(model, path: str | Path) -> None:

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 from prefect.runtime import flow_run
 
 from mars2.config import RunConfig
-from tasks import tracking
+from pipeline import tracking
 from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
-from tasks.config import to_container, to_yaml
+from pipeline.config import to_container, to_yaml
 from tasks.data import source_hash
-from tasks.engines import EnginePool, engine_pool
-from tasks.report import RunReport
-from tasks.runtime import use_cpu_budget
-from tasks.stage import StageContext, StageRecord
-from tasks.stages import bound
+from pipeline.engines import EnginePool, engine_pool
+from pipeline.report import RunReport
+from pipeline.runtime import use_cpu_budget
+from pipeline.stage import StageContext, StageRecord
+from pipeline.dispatch import bound
 
 
 @dataclass
@@ -47,8 +47,8 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
                  ) -> Iterator[FlowSession]:
     """Open the flow run's session. ``dispatch``: stages run where ``cfg.orchestration`` places them (the train
     flow); otherwise all in this process. ``kind`` and ``run_name`` name the MLflow run."""
-    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id), fail_at=cfg.debug.fail_at,
-                       progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
+    ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
+                       fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
     use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id, run_name=run_name,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mars2.config import RunConfig
-from tasks.stage import StageRecord
+from pipeline.stage import StageRecord
 
 ARTEFACTS_TO_LOG = ("trees.parquet", "verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json",
                     "trees.png", "samples.parquet", "eval_trees.parquet", "by_difficulty.png", "attempts.parquet",

@@ -32,14 +32,14 @@ from prefect import flow
 
 from mars2.config import BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
-from tasks.stage import RESULTS_DIR, StageRecord
+from pipeline.stage import RESULTS_DIR, StageRecord
 from tasks.advantage import compute_advantages
 from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents
 from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
-from tasks.engines import node_engines
-from tasks.runtime import use_cpu_budget
+from pipeline.engines import node_engines
+from pipeline.runtime import use_cpu_budget
 from tasks.evaluation import evaluate
 from tasks.gate import refine_gate
 from tasks.grading import grade
@@ -192,7 +192,7 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
                                 "($MARS2_HOME) at the same path")
     # the generation stages (their BackendConfig argument): the node's engine services of the run; the others
     # generate nothing
-    with node_engines(kwargs.get("engine") or BackendConfig(persistent=False), kwargs["ctx"]):
+    with node_engines(kwargs.get("backend") or BackendConfig(persistent=False), kwargs["ctx"]):
         record = getattr(bound(root), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 programs evaluated), how many of how many, the rate and the time left.
 
 The display is transient: when the stage ends it disappears and the flow's one ``✓ ran`` line per stage stays
-(``tasks/report.py``). On a console that is not a terminal (a log file, ``nohup``, ``sbatch``, CI) nothing is drawn;
+(``pipeline/report.py``). On a console that is not a terminal (a log file, ``nohup``, ``sbatch``, CI) nothing is drawn;
 instead one plain line every ``every_s`` seconds says where the stage is:
 
     rollout c0: 312/1024 nodes, 10.4 nodes/s, 30 s elapsed, ETA 68 s

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mars2.config import ConfigError
-from tasks import runtime
+from pipeline import runtime
 
 MIN_FREE_MIB = 64  # a run folder with less free space than this is refused before anything starts
 
 
 def check_command_line(argv: list[str]) -> None:
     """Exit with one paragraph, before Hydra composes anything, when an override names a key or a group option
-    that does not exist (:func:`tasks.config.override_hint`: the closest valid name and the valid ones); Hydra's own
+    that does not exist (:func:`pipeline.config.override_hint`: the closest valid name and the valid ones); Hydra's own
     message has neither, and for a group it adds its search path. Flags (``-m``, ``--cfg``, ...) are Hydra's."""
-    from tasks.config import override_hint
+    from pipeline.config import override_hint
 
     for arg in argv:
         hint = None if arg.startswith("-") else override_hint(arg)
@@ -189,6 +189,6 @@ _interrupted: list[tuple[int, list[str]]] = []  # (signal, the stages it stopped
 
 
 def _exit_on_sigterm(signum: int, _frame) -> None:
-    stages = sys.modules.get("tasks.stage")  # loaded once a stage has run; not imported in a signal handler
+    stages = sys.modules.get("pipeline.stage")  # loaded once a stage has run; not imported in a signal handler
     _interrupted.append((signum, stages.unfinished_stages() if stages is not None else []))
     raise SystemExit(128 + signum)

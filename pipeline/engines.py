@@ -1,6 +1,6 @@
 """The run's generation engines: one per weight owner, kept across waves, stages and cycles of a flow run.
 
-A flow opens :func:`engine_pool` around its stages; :func:`tasks.weights.load_backend` then hands out the owner's
+A flow opens :func:`engine_pool` around its stages; :func:`pipeline.weights.load_backend` then hands out the owner's
 engine, loading the stage's weights into it in place (the model folder, content-addressed, is the version), instead of a
 fresh backend. ``engine_starts`` counts every engine (or in-process model load, or vLLM worker) started during the
 run: the figure a GPU cluster pays for in minutes per start. Without an open pool (a stage on a pool worker, a
@@ -19,7 +19,7 @@ from mars2.backends.base import SERVICE_IDLE_EXIT_S
 from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
-from tasks.stage import StageContext
+from pipeline.stage import StageContext
 
 _pool: EnginePool | None = None
 

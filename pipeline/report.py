@@ -12,8 +12,8 @@ from rich.table import Table
 
 from mars2.config import RunConfig
 from mars2.io import write_parquet
-from tasks import tracking
-from tasks.stage import StageContext, StageRecord
+from pipeline import tracking
+from pipeline.stage import StageContext, StageRecord
 
 
 def summary_console() -> Console:
@@ -189,7 +189,7 @@ def prefect_run_url() -> str | None:
     """This flow run's page in the Prefect UI, where one outlives the run (None under the temporary server)."""
     from prefect.runtime import flow_run
 
-    from tasks.runtime import prefect_server_outlives_run
+    from pipeline.runtime import prefect_server_outlives_run
 
     return flow_run.ui_url if prefect_server_outlives_run() else None
 

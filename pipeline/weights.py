@@ -9,8 +9,8 @@ import os
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
-from tasks.engines import EnginePool, current_pool
-from tasks.stage import AgentWeights, StageContext, StageRecord
+from pipeline.engines import EnginePool, current_pool
+from pipeline.stage import AgentWeights, StageContext, StageRecord
 
 # an agent's fields that say how it trains, not how it generates: a stage that only generates does not read them
 TRAINING_FIELDS = ("optimizer", "bootstrap", "deepspeed", "update_procs")
@@ -48,23 +48,24 @@ def in_process_device(member: AgentConfig) -> str:
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 engine: BackendConfig | None = None, progress: bool = True, threads: int = 0):
-    """(backend, tokenizer) for an agent, on the device its config names; ``engine``: the vLLM settings;
+                 backend: BackendConfig | None = None, progress: bool = True, threads: int = 0):
+    """(generation backend, tokenizer) for an agent, on the device its config names; ``backend``: the engine
+    settings (vLLM's, and whether the run's engine pool serves it);
     ``threads``: torch threads of a CPU engine process (0: torch's default).
 
     Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
     check_machine([member], stage="rollout/evaluation")
     owner = owner_of(member)
     pool = current_pool()
-    backend, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, engine=engine,
-                                 progress=progress, pool=pool, threads=threads)
-    if pool is not None and not isinstance(backend, EngineClient):
-        pool.count(backend, owner)
-    return backend, tok
+    generator, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, backend=backend,
+                                   progress=progress, pool=pool, threads=threads)
+    if pool is not None and not isinstance(generator, EngineClient):
+        pool.count(generator, owner)
+    return generator, tok
 
 
 def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
-                  batch_size: int, engine: BackendConfig | None, progress: bool, pool: EnginePool | None,
+                  batch_size: int, backend: BackendConfig | None, progress: bool, pool: EnginePool | None,
                   threads: int):
     device, visible = engine_placement(member)
     if member.backend == "vllm":
@@ -78,7 +79,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
         folder = model_dir(weights[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
-        args = vllm_engine_args(folder, member, engine or BackendConfig())
+        args = vllm_engine_args(folder, member, backend or BackendConfig())
         stops = end_token_ids(generation_config_eos(folder), tok.eos_token_id)
         if pool is not None and pool.persistent:  # one AsyncLLM for the run, new weights reloaded in place
             from dataclasses import asdict
@@ -104,7 +105,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
 
 def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, *,
-                  batch_size: int, engine: BackendConfig | None = None, ctx: StageContext | None = None) -> dict:
+                  batch_size: int, backend: BackendConfig | None = None, ctx: StageContext | None = None) -> dict:
     """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches.
 
     The CPU engines of the owners generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
@@ -118,12 +119,12 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
-            # no bar per generate call: the stage shows one display for all its calls (tasks/progress.py)
+            # no bar per generate call: the stage shows one display for all its calls (pipeline/progress.py)
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
-                                         batch_size=batch_size, engine=engine, progress=False,
+                                         batch_size=batch_size, backend=backend, progress=False,
                                          threads=threads if m.device.startswith("cpu") else 0)
-        backend, tok = loaded[owner]
-        runners[m.name] = AgentRunner(backend=backend, tokenizer=tok, role_prompt=m.role_prompt,
+        generator, tok = loaded[owner]
+        runners[m.name] = AgentRunner(backend=generator, tokenizer=tok, role_prompt=m.role_prompt,
                                       chat_kwargs=dict(m.chat_template_kwargs))
     return runners
 
