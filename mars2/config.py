@@ -24,6 +24,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TINY_ARCHS = ("qwen2", "llama")
 LOSSES = ("gspo", "grpo")
 STRATEGIES = ("ab_mcts", "independent")
+SEARCH_SCORES = ("public_fraction", "all_tests_binary")
 DISTS = ("gaussian", "beta")
 ISOLATIONS = ("auto", "bwrap", "process")
 PARITIES = ("script", "lcb")
@@ -260,6 +261,10 @@ class SearchConfig:
     """independent: samples per agent per problem."""
     prior: Prior = field(default_factory=lambda: Prior())
     """of every posterior of the search."""
+    score: str = choice("public_fraction", SEARCH_SCORES)
+    """a node's search score s_v. public_fraction: the fraction of the problem's public tests it passes (every one
+    run); all_tests_binary: 1 iff it passes every test, public and hidden (MARTI's score, which is also its reward).
+    Evaluation trees always use public_fraction: they must not see the hidden tests."""
     detailed_feedback: bool = False
     """T+: failing input / traceback in refine prompts (off for training)."""
     depth_decay: bool = False
@@ -691,6 +696,9 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
         _fail(f"search.expansions_per_wave={cfg.search.expansions_per_wave} is invalid", "Use an integer >= 1.")
     if cfg.search.max_nodes < 1:
         _fail(f"search.max_nodes={cfg.search.max_nodes} is invalid", "Use an integer >= 1 (the paper trains with 8).")
+    if cfg.search.score == "all_tests_binary" and cfg.search.detailed_feedback:
+        _fail("search.score=all_tests_binary with search.detailed_feedback=true would put hidden tests' inputs and "
+              "outputs into refine prompts", "Use one of them, not both.")
     if cfg.search.temperature < 0:
         _fail(f"search.temperature={cfg.search.temperature} is negative", "Use 0 (greedy) or a positive value.")
     if cfg.eval.every < 1:

@@ -25,7 +25,7 @@ def _preset_models() -> list[str]:
     for path in (CONF_DIR / "agents").glob("*.yaml"):
         node = OmegaConf.load(path)  # real-model presets are whole experiments (package _global_): agents.members
         for m in (node.agents if "agents" in node else node).members:
-            model = OmegaConf.to_container(m)["model"]
+            model = OmegaConf.to_container(m).get("model", "tiny")  # a member without one has the schema's
             if model != "tiny":
                 names.add(model.rsplit("/", 1)[-1])
     return sorted(names)

@@ -224,3 +224,43 @@ def test_a_trees_history_does_not_depend_on_which_trees_share_its_batches(tiny_m
     alone = pd.concat([search([p]) for p in problems], ignore_index=True)
     pd.testing.assert_frame_equal(together.reset_index(drop=True), alone)
     assert together["response"].nunique() > 1
+
+
+def test_the_search_score_option_grades_on_all_tests_and_scores_binary(setup):
+    """search.score=all_tests_binary (MARTI's): nodes are graded on public + hidden tests and score 1 only when all
+    pass; the default grades the public tests and scores the fraction passed."""
+    from types import SimpleNamespace
+
+    from mars2.search.tree_search import SIGNALS
+
+    problems, agents, _, _, _ = setup
+    public = {t for p in problems for t in p.public_tests}
+
+    def passes_public_only(seen):  # every program passes the public tests and fails the others
+        def grade(jobs):
+            seen.extend(tests for _, tests, _ in jobs)
+            passed = [sum(t in public for t in tests) for _, tests, _ in jobs]
+            return [SimpleNamespace(status="AC" if n == len(tests) else "WA", passed=n, total=len(tests), detail="")
+                    for n, (_, tests, _) in zip(passed, jobs, strict=True)]
+        return grade
+
+    scores = {}
+    for name, signal in SIGNALS.items():
+        seen: list = []
+        rows = run_tree_search(problems, agents, policy=ABMCTSA(), max_nodes=2, sampling=SamplingParams(
+            temperature=1.0, max_new_tokens=8, seed=1), grade=passes_public_only(seen), seed=0, signal=signal)
+        scores[name] = {r["score"] for r in rows}
+        hidden_seen = any(set(t) & (set(p.hidden_tests) - set(p.public_tests)) for t in seen for p in problems)
+        assert hidden_seen == (name == "all_tests_binary")
+    assert scores == {"public_fraction": {1.0}, "all_tests_binary": {0.0}}
+
+
+def test_a_hidden_test_search_score_cannot_feed_t_plus_detail_into_prompts():
+    from mars2.config import ConfigError
+    from pipeline.config import load_cfg, resolve
+
+    assert resolve(load_cfg(["search.score=all_tests_binary"])).search.score == "all_tests_binary"
+    with pytest.raises(ConfigError, match="hidden tests"):
+        resolve(load_cfg(["search.score=all_tests_binary", "search.detailed_feedback=true"]))
+    with pytest.raises(ConfigError, match="search.score"):
+        resolve(load_cfg(["search.score=hidden"]))

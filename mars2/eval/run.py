@@ -47,7 +47,8 @@ def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, sea
     trees = []
     if evaluation.tree:
         for tplus in evaluation.tplus:
-            tree_search = dataclasses.replace(search, strategy="ab_mcts", max_nodes=evaluation.max_nodes,
+            tree_search = dataclasses.replace(search, strategy="ab_mcts", score="public_fraction",
+                                              max_nodes=evaluation.max_nodes,
                                               detailed_feedback=tplus, depth_decay=tplus,
                                               temperature=evaluation.tree_temperature)
             sampling = SamplingParams(temperature=evaluation.tree_temperature, top_p=search.top_p,

@@ -16,8 +16,9 @@ from mars2.search.tree_search import AgentRunner, GradeFn
 
 
 def public_grader(grading: GradingConfig) -> GradeFn:
-    """The search signal: programs graded on their public tests in the sandbox pool, every test run (no early stop),
-    so a node's score is the fraction it passes."""
+    """The search's grader: programs graded on the tests the search signal names (public ones unless
+    ``search.score=all_tests_binary``) in the sandbox pool, every test run (no early stop), so a node's score can be
+    the fraction it passes."""
     from mars2.sandbox import grade_programs
 
     return lambda jobs: grade_programs(jobs, grading, stop_at_first_failure=False)
@@ -45,12 +46,13 @@ def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], 
     or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``). ``progress`` is told
     ``(nodes built, nodes in all)`` as nodes are built."""
     from mars2.search.sampling import run_independent_sampling
-    from mars2.search.tree_search import run_tree_search
+    from mars2.search.tree_search import SIGNALS, run_tree_search
 
+    signal = SIGNALS[search.score]
     if search.strategy == "independent":
         return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade,
-                                        progress=progress)
+                                        signal=signal, progress=progress)
     return run_tree_search(problems, runners, policy=search_policy(search), max_nodes=search.max_nodes,
                            sampling=sampling, grade=grade, seed=sampling.seed,
                            detailed_feedback=search.detailed_feedback, expansions_per_wave=search.expansions_per_wave,
-                           progress=progress)
+                           signal=signal, progress=progress)

@@ -13,13 +13,13 @@ from mars2.backends.base import Generation, SamplingParams, request_seed
 from mars2.data.schema import Problem
 from mars2.search.ab_mcts import ROOT
 from mars2.search.prompts import extract_code, generate_prompt
-from mars2.search.tree_search import AgentRunner, GradeFn, node_row
+from mars2.search.tree_search import PUBLIC, AgentRunner, GradeFn, SearchSignal, node_row
 
 
 def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, n_samples: int,
-                             sampling: SamplingParams, grade: GradeFn,
+                             sampling: SamplingParams, grade: GradeFn, signal: SearchSignal = PUBLIC,
                              progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """``n_samples`` programs per (problem, agent), scored on the public tests like tree nodes; ``progress`` is told
+    """``n_samples`` programs per (problem, agent), graded and scored by ``signal`` like tree nodes; ``progress`` is told
     ``(programs drawn, programs in all)`` after each agent's batch."""
     drawn: dict[str, list[tuple[str, str, Generation, str | None]]] = {p.id: [] for p in problems}
     for k, (name, agent) in enumerate(agents.items()):
@@ -31,7 +31,7 @@ def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, A
         if progress is not None:
             progress((k + 1) * n_samples * len(problems), len(agents) * n_samples * len(problems))
     flat = [(p, i, d) for p in problems for i, d in enumerate(drawn[p.id])]
-    verdicts = grade([(code, p.public_tests, p.func_name) for p, _, (_, _, _, code) in flat])
+    verdicts = grade([(code, signal.tests(p), p.func_name) for p, _, (_, _, _, code) in flat])
     return [node_row(p.id, i, parent=ROOT, depth=1, agent=name, parent_agent=None, wave=0, prompt=text, generation=g,
-                     code=code, verdict=v)
+                     code=code, verdict=v, score=signal.score(v))
             for (p, i, (name, text, g, code)), v in zip(flat, verdicts, strict=True)]

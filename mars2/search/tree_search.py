@@ -51,6 +51,30 @@ def streams(backend: GenerationBackend) -> bool:
     return callable(getattr(backend, "submit", None))
 
 
+def public_score(verdict: Any) -> float:
+    """s_v = passed / total over the public tests; 0 when there are none (docs/algorithm.md §2)."""
+    return verdict.passed / verdict.total if verdict.total else 0.0
+
+
+def all_tests_score(verdict: Any) -> float:
+    """s_v = 1 iff every test passed (public and hidden), else 0: MARTI's search score."""
+    return float(verdict.total > 0 and verdict.passed == verdict.total)
+
+
+@dataclass(frozen=True)
+class SearchSignal:
+    """What a node is graded on during the search (``tests(problem)``) and the score s_v it gets (``score(verdict)``,
+    in [0, 1]). :data:`SIGNALS` maps ``search.score`` to one."""
+
+    tests: Callable[[Problem], tuple[TestCase, ...]]
+    score: Callable[[Any], float]
+
+
+SIGNALS = {"public_fraction": SearchSignal(lambda p: p.public_tests, public_score),
+           "all_tests_binary": SearchSignal(lambda p: p.public_tests + p.hidden_tests, all_tests_score)}
+PUBLIC = SIGNALS["public_fraction"]
+
+
 def tree_seed(seed: int, problem_id: str) -> np.random.Generator:
     """Per-tree RNG: a tree's choices depend on (seed, problem), not on which trees share its batch."""
     return np.random.default_rng([seed, *problem_id.encode()])
@@ -69,9 +93,9 @@ class Round:
 
 def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
                     max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int = 0,
-                    detailed_feedback: bool = False, expansions_per_wave: int = 1,
+                    detailed_feedback: bool = False, expansions_per_wave: int = 1, signal: SearchSignal = PUBLIC,
                     progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Build one ``max_nodes``-node tree per problem; returns one row per node (see :data:`NODE_COLUMNS`), by
+    """Build one ``max_nodes``-node tree per problem, each node graded and scored by ``signal``; returns one row per node (see :data:`NODE_COLUMNS`), by
     problem then node id. A row's ``wave`` is the round of its tree that made it.
 
     ``expansions_per_wave`` = k asks per tree before the round's tells: k = 1 is sequential AB-MCTS-A; k > 1
@@ -81,7 +105,7 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
         raise ValueError(f"expansions_per_wave must be >= 1, got {expansions_per_wave}")
     search = TreeSearch(problems, agents, policy=policy, max_nodes=max_nodes, sampling=sampling, grade=grade,
                         seed=seed, detailed_feedback=detailed_feedback, expansions_per_wave=expansions_per_wave,
-                        progress=progress)
+                        signal=signal, progress=progress)
     return search.run()
 
 
@@ -94,8 +118,8 @@ class TreeSearch:
 
     def __init__(self, problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
                  max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int, detailed_feedback: bool,
-                 expansions_per_wave: int, progress: Callable[[int, int], None] | None):
-        self.problems, self.agents, self.policy, self.grade = problems, agents, policy, grade
+                 expansions_per_wave: int, signal: SearchSignal, progress: Callable[[int, int], None] | None):
+        self.problems, self.agents, self.policy, self.grade, self.signal = problems, agents, policy, grade, signal
         self.max_nodes, self.k, self.detailed_feedback, self.progress = (max_nodes, expansions_per_wave,
                                                                           detailed_feedback, progress)
         self.names = tuple(agents)
@@ -181,7 +205,7 @@ class TreeSearch:
             g = future.result()  # an engine's error ends the search here, naming its agent
             r = self.rounds[pid]
             r.generations[j], r.codes[j] = g, extract_code(g.text)
-            jobs.append(((pid, j), (r.codes[j], self.by_id[pid].public_tests, self.by_id[pid].func_name)))
+            jobs.append(((pid, j), (r.codes[j], self.signal.tests(self.by_id[pid]), self.by_id[pid].func_name)))
         return jobs
 
     def on_graded(self, keys: list[tuple[str, int]], verdicts: list[Any]) -> None:
@@ -197,11 +221,12 @@ class TreeSearch:
     def tell_round(self, pid: str, r: Round) -> None:
         tree, rows = self.trees[pid], self.rows[pid]
         for (exp, _, text), g, code, verdict in zip(r.asks, r.generations, r.codes, r.verdicts, strict=True):
-            node_id = self.policy.tell(tree, exp, public_score(verdict))
+            score = self.signal.score(verdict)
+            node_id = self.policy.tell(tree, exp, score)
             parent_agent = rows[exp.parent]["agent"] if exp.parent != ROOT else None
             rows.append(node_row(pid, node_id, parent=exp.parent, depth=tree.nodes[node_id].depth, agent=exp.agent,
                                  parent_agent=parent_agent, wave=self.finished_rounds[pid], prompt=text,
-                                 generation=g, code=code, verdict=verdict))
+                                 generation=g, code=code, verdict=verdict, score=score))
         self.finished_rounds[pid] += 1
         self.built += len(r.asks)
         del self.rounds[pid]
@@ -224,15 +249,13 @@ def _prompt(problem: Problem, exp: Expansion, rows: list[dict[str, Any]], detail
     return refine_prompt(problem, parent["code"], result)
 
 
-def public_score(verdict: Any) -> float:
-    """s_v = passed / total over the public tests; 0 when there are none (docs/algorithm.md §2)."""
-    return verdict.passed / verdict.total if verdict.total else 0.0
-
-
 def node_row(problem_id: str, node_id: int, *, parent: int, depth: int, agent: str, parent_agent: str | None,
-             wave: int, prompt: str, generation: Generation, code: str | None, verdict: Any) -> dict[str, Any]:
+             wave: int, prompt: str, generation: Generation, code: str | None, verdict: Any,
+             score: float | None = None) -> dict[str, Any]:
     """One row of the node table (:data:`NODE_COLUMNS`): the node's place in its tree, the agent's generation
-    (token ids, rollout log-probs) and its public verdict and score. A child of the root is a ``generate``."""
+    (token ids, rollout log-probs), its search verdict (``public_*``: the tests the search grades on, public ones
+    unless ``search.score=all_tests_binary``) and its search score (default: :func:`public_score`). A child of the
+    root is a ``generate``."""
     return {
         "problem_id": problem_id, "node_id": node_id, "parent": parent, "depth": depth, "agent": agent,
         "action": "generate" if parent == ROOT else "refine", "parent_agent": parent_agent, "wave": wave,
@@ -240,7 +263,7 @@ def node_row(problem_id: str, node_id: int, *, parent: int, depth: int, agent: s
         "response_ids": generation.response_ids, "logprobs": generation.logprobs,
         "finish_reason": generation.finish_reason, "response_len": len(generation.response_ids),
         "public_status": verdict.status, "public_passed": verdict.passed, "public_total": verdict.total,
-        "public_detail": verdict.detail[:2000], "score": public_score(verdict),
+        "public_detail": verdict.detail[:2000], "score": public_score(verdict) if score is None else score,
     }
 
 
