@@ -48,7 +48,7 @@ def in_process_device(member: AgentConfig) -> str:
 
 
 def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 backend: BackendConfig | None = None, progress: bool = True, threads: int = 0):
+                 backend: BackendConfig | None = None, threads: int = 0):
     """(generation backend, tokenizer) for an agent, on the device its config names; ``backend``: the engine
     settings (vLLM's, and whether the run's engine pool serves it);
     ``threads``: torch threads of a CPU engine process (0: torch's default).
@@ -58,14 +58,14 @@ def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: S
     owner = owner_of(member)
     pool = current_pool()
     generator, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, backend=backend,
-                                   progress=progress, pool=pool, threads=threads)
+                                   pool=pool, threads=threads)
     if pool is not None and not isinstance(generator, EngineClient):
         pool.count(generator, owner)
     return generator, tok
 
 
 def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
-                  batch_size: int, backend: BackendConfig | None, progress: bool, pool: EnginePool | None,
+                  batch_size: int, backend: BackendConfig | None, pool: EnginePool | None,
                   threads: int):
     device, visible = engine_placement(member)
     if member.backend == "vllm":
@@ -101,7 +101,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
     return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner),
                                      device=in_process_device(member),
-                                     dtype=member.dtype, batch_size=batch_size, progress=progress)
+                                     dtype=member.dtype, batch_size=batch_size)
 
 
 def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, *,
@@ -119,9 +119,8 @@ def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], a
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
-            # no bar per generate call: the stage shows one display for all its calls (pipeline/progress.py)
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
-                                         batch_size=batch_size, backend=backend, progress=False,
+                                         batch_size=batch_size, backend=backend,
                                          threads=threads if m.device.startswith("cpu") else 0)
         generator, tok = loaded[owner]
         runners[m.name] = AgentRunner(backend=generator, tokenizer=tok, role_prompt=m.role_prompt,

@@ -58,7 +58,7 @@ def team():
     attempts = gate_attempts(problems, runners, n_fresh=3, n_parents=2, grade=public_grader(GRADING),
                              sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=5),
                              progress=lambda done, total: seen.append((done, total)))
-    graded = unique_hidden_test_verdicts(attempts, {p.id: p for p in problems}, GRADING, progress=False)
+    graded = unique_hidden_test_verdicts(attempts, {p.id: p for p in problems}, GRADING, progress=None)
     return problems, runners, attempts, graded, seen
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 FORBIDDEN = ("prefect", "mlflow", "hydra", "omegaconf")
+PROGRESS_BARS = ("tqdm",)  # the library reports progress through callbacks; the pipeline draws the display
 LIB = Path(__file__).resolve().parents[1] / "mars2"
 
 
@@ -21,7 +22,8 @@ def test_no_forbidden_import_statement_in_mars2():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-            offenders += [f"{path.relative_to(LIB)}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+            offenders += [f"{path.relative_to(LIB)}: {n}" for n in names
+                          if n.split(".")[0] in FORBIDDEN + PROGRESS_BARS]
     assert offenders == []
 
 

@@ -481,7 +481,7 @@ def test_grade_many_preserves_order_across_verdicts():
         GradeJob(TWO_SUM, (fn_case("[1, 2]\n3", "[0, 1]"),), func_name="twoSum"),
         GradeJob(ADD, ()),
     ]
-    verdicts = grade_many(jobs, workers=2, time_limit_s=0.5, progress=True)
+    verdicts = grade_many(jobs, workers=2, time_limit_s=0.5)
     assert [v.status for v in verdicts] == ["TLE", "AC", "WA", "RE", "NO_CODE", "CE", "AC", "NO_TESTS"]
     assert [v.total for v in verdicts] == [1, 3, 3, 1, 1, 1, 1, 0]
     told = []

@@ -16,10 +16,10 @@ def correctness_reward(all_passed: bool) -> float:
 
 
 def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], grading: GradingConfig,
-                         *, progress: bool | Callable[[int, int], None] = True) -> pd.DataFrame:
+                         *, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Grade the ``code`` column of ``rows`` (problem_id, code, ...) on each problem's hidden tests in the sandbox;
-    returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``. ``progress``: a tqdm bar,
-    or a callable told ``(graded, total)``.
+    returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``. ``progress``: told
+    ``(graded, total)`` after each program.
 
     A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests: their count is
     ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
@@ -45,7 +45,7 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
 
 def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem],
                                 grading: GradingConfig, *,
-                                progress: bool | Callable[[int, int], None] = True) -> pd.DataFrame:
+                                progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """:func:`hidden_test_verdicts` where each distinct (problem, program) runs once; ``rows`` keep their columns."""
     keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
     verdicts = hidden_test_verdicts(keys.assign(node_id=range(len(keys)), agent=""), problems, grading,

@@ -49,6 +49,11 @@ def sample_code(code: str) -> str:
     return extract_code_lcb(code) if "```" in code else code
 
 
+def stderr_counter(done: int, total: int) -> None:
+    """``--progress``: one self-overwriting line on stderr, "graded k/n", ended when the last program is graded."""
+    print(f"\rgraded {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mars2.sandbox", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                         memory_mb=args.memory_mb,
                                                                         disk_mb=args.disk_mb),
                                      parity=args.parity, stop_at_first_failure=args.stop_at_first_failure,
-                                     progress=args.progress) if jobs else []
+                                     progress=stderr_counter if args.progress else None) if jobs else []
     finally:
         if pool is not None:
             pool.close()

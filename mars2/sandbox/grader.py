@@ -316,7 +316,7 @@ def grade_many_detailed(
     workers: int | None = None,
     time_limit_s: float = 6.0,
     memory_mb: int = 1024,
-    progress: bool | Callable[[int, int], None] = False,
+    progress: Callable[[int, int], None] | None = None,
     executor: SandboxPool | None = None,
     stop_at_first_failure: bool = True,
     parity: str = "script",
@@ -324,9 +324,8 @@ def grade_many_detailed(
     isolate_tests: bool = False,
     limits: Limits | None = None,
 ) -> list[Graded]:
-    """:func:`grade_many` with the per-test outcomes. ``progress``: True for a tqdm bar, or a callable told
-    ``(graded, total)`` after each program (a caller's own display). ``limits``: every per-test limit at once
-    (replaces ``time_limit_s`` and ``memory_mb``)."""
+    """:func:`grade_many` with the per-test outcomes. ``progress``: told ``(graded, total)`` after each program (the
+    caller's display). ``limits``: every per-test limit at once (replaces ``time_limit_s`` and ``memory_mb``)."""
     jobs = list(jobs)
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 1 (or 0/None for one per core), got {workers}")
@@ -340,22 +339,14 @@ def grade_many_detailed(
             raise TestDataError(f"job {i}, {e}") from None
     pool = executor or shared_pool(workers or None, isolation)
     results: list[Graded | None] = [None] * len(jobs)
-    bar = None
-    if progress is True:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), desc="grading", unit="prog")
-    report = progress if callable(progress) else None
     graded = 0
 
     def finished(i: int, result: Graded) -> None:
         nonlocal graded
         results[i] = result
         graded += 1
-        if bar is not None:
-            bar.update(1)
-        if report is not None:
-            report(graded, len(jobs))
+        if progress is not None:
+            progress(graded, len(jobs))
 
     def grade_job(job: GradeJob) -> Graded:
         return grade_detailed(job.code, job.tests, func_name=job.func_name, stop_at_first_failure=stop_at_first_failure,
@@ -378,8 +369,6 @@ def grade_many_detailed(
     finally:
         if executor_threads is not None:
             executor_threads.shutdown(wait=True)
-        if bar is not None:
-            bar.close()
     return [r for r in results if r is not None]
 
 
@@ -389,7 +378,7 @@ def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
     isolation, isolate_tests, limits).
 
     ``workers`` sandbox slots (``None``/0: one per CPU core) each grade one job at a time (its
-    tests sequentially). ``progress=True`` shows a tqdm bar. Every job's tests are validated first:
+    tests sequentially). ``progress`` is told ``(graded, total)`` after each job. Every job's tests are validated first:
     a :class:`TestDataError` naming the job and the test is raised before anything runs. After that one verdict
     comes back per job whatever the programs do: a program that breaks its slot twice is ``RE`` ("sandbox
     failure"). ``executor``: a :class:`~mars2.sandbox.pool.SandboxPool` to use instead of the shared one.
@@ -399,7 +388,7 @@ def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
 
 def grade_programs(programs: Sequence[tuple[str | None, Sequence[TestCase], str | None]], grading, *,
                    stop_at_first_failure: bool | None = None,
-                   progress: bool | Callable[[int, int], None] = False) -> list[Verdict]:
+                   progress: Callable[[int, int], None] | None = None) -> list[Verdict]:
     """``(code, tests, func_name)`` programs graded with the run's :class:`mars2.config.GradingConfig` (slots, limits,
     isolation, parity); HumanEval-style check tests are wrapped first (:func:`mars2.data.gradable`).
     ``stop_at_first_failure``: None = the config's (rewards); False = run every test (a public-test score)."""
