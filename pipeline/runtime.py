@@ -123,15 +123,14 @@ def _launch_temporary_server() -> None:
     import subprocess
 
     from mars2.backends.engine import popen_bound
+    from pipeline.shims.prefect_server import server_command
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    argv, settings = server_command(port)
     with open(_server["log"], "wb") as out:  # its shutdown chatter stays off the console
-        proc = popen_bound([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
-                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        proc = popen_bound(argv, env={**os.environ, **settings}, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     _server.update(proc=proc, url=f"http://127.0.0.1:{port}/api", deferred=False)
 
 

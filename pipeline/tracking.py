@@ -86,10 +86,11 @@ def seed_sqlite_store(db: Path) -> None:
     takes milliseconds. The template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is
     the schema this MLflow version expects; its ``Default`` experiment is pointed into the run folder."""
     import shutil
-    import sqlite3
     import tempfile
 
     import mlflow
+
+    from pipeline.shims.mlflow_store import point_default_experiment
 
     if db.exists():
         return
@@ -108,10 +109,7 @@ def seed_sqlite_store(db: Path) -> None:
         part = Path(tmp.name)
     shutil.copyfile(template, part)
     part.chmod(0o644)
-    with sqlite3.connect(part) as con:
-        con.execute("update experiments set artifact_location = ? where experiment_id = 0",
-                    ((db.parent / "mlartifacts" / "0").as_uri(),))
-    con.close()
+    point_default_experiment(part, (db.parent / "mlartifacts" / "0").as_uri())
     try:
         os.link(part, db)  # never replaces: a database another process of this run folder created first stays
     except FileExistsError:

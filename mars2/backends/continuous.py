@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from transformers.cache_utils import DynamicLayer
+from mars2.shims.transformers_cache import DynamicLayer
 
 from mars2.backends.base import cache_columns
 
@@ -470,7 +470,7 @@ class SlackLayer(DynamicLayer):
 
 def slack_cache(prefill_cache, max_rows: int):
     """An empty cache of :class:`SlackLayer` s shaped like ``prefill_cache``'s layers."""
-    from transformers.cache_utils import Cache
+    from mars2.shims.transformers_cache import Cache
 
     return Cache(layers=[SlackLayer(layer.keys, layer.values, max_rows) for layer in prefill_cache.layers])
 

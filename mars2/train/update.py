@@ -185,30 +185,17 @@ def reference_config(ds_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def release_engine(engine) -> None:
-    """Destroy a finished DeepSpeed engine and drop what DeepSpeed's ZeRO-3 keeps of its model at module level, so
-    that its parameters, gradients and optimizer states are freed once the caller's references go.
-
-    DeepSpeed 0.19 keeps two such references: the forward-module stack (``parameter_offload.FWD_MODULE_STACK``: the
-    root module is pushed when ZeRO-3 is set up and never popped, and recomputed forwards leave submodules on it) and
-    the parameter coordinator's class-level ``lru_cache`` of parameters to release, keyed on the coordinator and the
-    submodules. Without this every ZeRO-3 engine stays alive with its model: on a GPU the second update in one process
-    (the next agent, the next cycle) runs out of memory.
-    """
+    """Destroy a finished DeepSpeed engine and drop what DeepSpeed's ZeRO-3 keeps of its model at module level
+    (:mod:`mars2.shims.deepspeed_zero3`), so that its parameters, gradients and optimizer states are freed once the
+    caller's references go. Without this every ZeRO-3 engine stays alive with its model: on a GPU the second update
+    in one process (the next agent, the next cycle) runs out of memory."""
     module = getattr(engine, "module", None)
     engine.destroy()
     if module is None or not hasattr(module, "ds_id"):  # not set up by ZeRO-3
         return
-    from deepspeed.runtime.zero import parameter_offload
-    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    from mars2.shims.deepspeed_zero3 import drop_zero3_references
 
-    ours = {id(m) for m in module.modules()}
-    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in ours]
-    # name-mangled ``__params_to_release``, wrapped by DeepSpeed's NVTX decorator around the cache; the cache is per
-    # class, so other live engines only recompute their entries
-    fn = PartitionedParameterCoordinator._PartitionedParameterCoordinator__params_to_release
-    for f in (fn, *(c.cell_contents for c in fn.__closure__ or ())):
-        if hasattr(f, "cache_clear"):
-            f.cache_clear()
+    drop_zero3_references(module)
 
 
 def free_accelerator_memory() -> None:
