@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-from mars2.backends.base import SERVICE_IDLE_EXIT_S
+from mars2.backends.base import SERVICE_IDLE_EXIT_S, CountedBackend, SleepingBackend
 from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
@@ -66,7 +66,7 @@ class EnginePool:
     def starts(self) -> int:
         """Engines started for the run: by this process, and on pool workers (node services, and the fresh backends
         of stages run there), from the run's starts file."""
-        own = sum(getattr(b, "starts", 1) for _, b in self.handed_out)
+        own = sum(starts_of(b) for _, b in self.handed_out)
         node = self.run_dir / STARTS_FILE if self.run_dir is not None else None
         return own + (len(node.read_text().splitlines()) if node is not None and node.exists() else 0)
 
@@ -78,7 +78,7 @@ class EnginePool:
             engine.close()
         if self.service_dir is not None and self.handed_out:
             lines = "".join(f"{owner} {socket.gethostname()} fresh\n"
-                            for owner, backend in self.handed_out for _ in range(getattr(backend, "starts", 1)))
+                            for owner, backend in self.handed_out for _ in range(starts_of(backend)))
             self.service_dir.parent.mkdir(parents=True, exist_ok=True)
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one write: an atomic append
                 starts.write(lines)
@@ -126,8 +126,13 @@ def node_engines(backend: BackendConfig, ctx: StageContext) -> Iterator[EnginePo
 def release(runners: dict) -> None:
     """After a stage's generation: every engine it used frees its accelerator for the next stage (the update)."""
     for backend in {id(r.backend): r.backend for r in runners.values()}.values():
-        if hasattr(backend, "sleep"):
+        if isinstance(backend, SleepingBackend):
             backend.sleep()
+
+
+def starts_of(backend) -> int:
+    """Engine starts a handed-out backend made: its own count, else one (a model loaded once)."""
+    return backend.starts if isinstance(backend, CountedBackend) else 1
 
 
 def current_pool() -> EnginePool | None:

@@ -383,3 +383,21 @@ def test_a_response_that_fails_to_decode_fails_its_future_instead_of_leaving_it_
     with pytest.raises(UnicodeDecodeError):
         future.result(timeout=60)
     backend.batcher.close()
+
+
+def test_the_backends_declare_their_capabilities_as_protocols(tiny_model_dir):
+    """The search streams to a backend with submit; the pool puts to sleep one with sleep; engine_starts reads
+    starts: each capability is a runtime-checkable protocol, not a probed attribute."""
+    from mars2.backends.base import CountedBackend, GenerationBackend, SleepingBackend, StreamingBackend
+    from mars2.backends.engine import EngineClient
+
+    backend, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    assert isinstance(backend, GenerationBackend) and isinstance(backend, StreamingBackend)
+    assert isinstance(backend, CountedBackend) and not isinstance(backend, SleepingBackend)
+    assert all(hasattr(EngineClient, m) for m in ("generate", "submit", "sleep"))
+
+    class BatchOnly:
+        def generate(self, prompts, params, seeds=None):
+            return []
+
+    assert isinstance(BatchOnly(), GenerationBackend) and not isinstance(BatchOnly(), StreamingBackend)

@@ -148,6 +148,9 @@ class HeldBack:
         self.inner, self.marker, self.fast_needed, self.log = inner, marker, fast_needed, log
         self.release = threading.Event()
 
+    def generate(self, prompts, params, seeds=None):  # every backend has it; this search streams through submit
+        return self.inner.generate(prompts, params, seeds)
+
     def submit(self, prompt, params, seed):
         from concurrent.futures import Future
 

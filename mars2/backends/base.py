@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class CheckpointRefused(ValueError):
     (here rather than in the engine server, which runs as ``__main__``: one class for every module that raises it)."""
 
 
+@runtime_checkable
 class GenerationBackend(Protocol):
     """A batch of prompts in, generations with token ids and sampled-token log-probs out.
 
@@ -51,6 +53,31 @@ class GenerationBackend(Protocol):
                  seeds: list[int] | None = None) -> list[list[Generation]]:
         """For each prompt (already chat-formatted text), ``params.n`` generations."""
         ...
+
+
+@runtime_checkable
+class StreamingBackend(GenerationBackend, Protocol):
+    """A backend that takes single requests as they come and batches whatever is in flight (continuous batching):
+    the tree search sends each expansion when its tree asks for it, instead of one ``generate`` call per wave."""
+
+    def submit(self, prompt: str, params: SamplingParams, seed: int) -> Future:
+        """One request → ``Future[Generation]`` (``params.n`` is ignored: one generation)."""
+        ...
+
+
+@runtime_checkable
+class SleepingBackend(Protocol):
+    """An engine that can free its accelerator between stages; its next request wakes it."""
+
+    def sleep(self) -> None:
+        ...
+
+
+@runtime_checkable
+class CountedBackend(Protocol):
+    """A backend that counts the engine processes (or in-process model loads) it started, for ``engine_starts``."""
+
+    starts: int
 
 
 def request_seed(seed: int, *key: object) -> int:

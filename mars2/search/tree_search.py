@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mars2.backends.base import Generation, GenerationBackend, SamplingParams, request_seed
+from mars2.backends.base import Generation, GenerationBackend, SamplingParams, StreamingBackend, request_seed
 from mars2.data.schema import Problem, TestCase
 from mars2.search.ab_mcts import ABMCTSA, ROOT, Expansion, SearchTree
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
@@ -44,11 +44,6 @@ class AgentRunner:
     def chat(self, user_prompt: str) -> str:
         return self.tokenizer.apply_chat_template(chat_messages(user_prompt, self.role_prompt), tokenize=False,
                                                   add_generation_prompt=True, **self.chat_kwargs)
-
-
-def streams(backend: GenerationBackend) -> bool:
-    """True when the backend takes single requests as they come (``submit(prompt, params, seed) → Future``)."""
-    return callable(getattr(backend, "submit", None))
 
 
 def public_score(verdict: Any) -> float:
@@ -180,7 +175,7 @@ class TreeSearch:
         self.rounds[pid] = Round(asks, [None] * n, [None] * n, [None] * n, n)
         for j, (exp, request, text) in enumerate(asks):
             backend = self.agents[exp.agent].backend
-            if streams(backend):
+            if isinstance(backend, StreamingBackend):
                 self.outstanding += 1
                 backend.submit(text, self.params, request).add_done_callback(
                     lambda f, key=(pid, j): self.events.put(("generated", [(*key, f)])))
