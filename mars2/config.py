@@ -668,7 +668,26 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     ``planning=True`` (flows/plan.py) skips what only a run needs: local model folders and a GPU on this machine.
     """
     _check_choices(cfg)
-    t = cfg.train
+    _validate_train(cfg.train)
+    _validate_search(cfg.search, cfg.train)
+    _validate_eval(cfg.eval)
+    _validate_gate(cfg.gate)
+    _validate_grading(cfg.grading)
+    _validate_orchestration(cfg.orchestration)
+    _validate_plan(cfg.plan)
+    if not cfg.progress_every_s >= 0:
+        _fail(f"progress_every_s={cfg.progress_every_s} must be >= 0", "Seconds between plain progress lines; 0: none.")
+    if cfg.cpus < 0:
+        _fail(f"cpus={cfg.cpus} must be >= 0", "The run's CPU budget in cores; 0: the cores this process may use.")
+    _validate_agents(cfg, cuda_available, planning)
+    from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
+
+    for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
+        _fail(what, allowed)  # preset" says more to a user on a laptop than a missing data path
+    return cfg
+
+
+def _validate_train(t: TrainConfig) -> None:
     if t.cycles < 1:
         _fail(f"train.cycles={t.cycles} is not a number of cycles", "Use an integer >= 1, e.g. train.cycles=3.")
     if not 0 < t.clip_eps < 1:
@@ -686,57 +705,54 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if isinstance(t.logprob_chunk_tokens, bool) or t.logprob_chunk_tokens < 1:
         _fail(f"train.logprob_chunk_tokens={t.logprob_chunk_tokens} is invalid",
               "Use an integer >= 1 (default 1024 positions per chunk).")
-    if cfg.search.n_samples < 1 or cfg.search.max_new_tokens < 1:
+
+
+def _validate_search(search: SearchConfig, t: TrainConfig) -> None:
+    if search.n_samples < 1 or search.max_new_tokens < 1:
         _fail("search.n_samples and search.max_new_tokens must be >= 1",
-              f"Got {cfg.search.n_samples} and {cfg.search.max_new_tokens}.")
-    if not 0 <= t.overlong_buffer <= cfg.search.max_new_tokens:
+              f"Got {search.n_samples} and {search.max_new_tokens}.")
+    if not 0 <= t.overlong_buffer <= search.max_new_tokens:
         _fail(f"train.overlong_buffer={t.overlong_buffer} is out of range",
-              f"Use 0 (off) to search.max_new_tokens={cfg.search.max_new_tokens} tokens.")
-    if cfg.search.expansions_per_wave < 1:
-        _fail(f"search.expansions_per_wave={cfg.search.expansions_per_wave} is invalid", "Use an integer >= 1.")
-    if cfg.search.max_nodes < 1:
-        _fail(f"search.max_nodes={cfg.search.max_nodes} is invalid", "Use an integer >= 1 (the paper trains with 8).")
-    if cfg.search.score == "all_tests_binary" and cfg.search.detailed_feedback:
+              f"Use 0 (off) to search.max_new_tokens={search.max_new_tokens} tokens.")
+    if search.expansions_per_wave < 1:
+        _fail(f"search.expansions_per_wave={search.expansions_per_wave} is invalid", "Use an integer >= 1.")
+    if search.max_nodes < 1:
+        _fail(f"search.max_nodes={search.max_nodes} is invalid", "Use an integer >= 1 (the paper trains with 8).")
+    if search.score == "all_tests_binary" and search.detailed_feedback:
         _fail("search.score=all_tests_binary with search.detailed_feedback=true would put hidden tests' inputs and "
               "outputs into refine prompts", "Use one of them, not both.")
-    if cfg.search.temperature < 0:
-        _fail(f"search.temperature={cfg.search.temperature} is negative", "Use 0 (greedy) or a positive value.")
-    if cfg.eval.every < 1:
-        _fail(f"eval.every={cfg.eval.every} is invalid", "Use an integer >= 1.")
-    e = cfg.eval
+    if search.temperature < 0:
+        _fail(f"search.temperature={search.temperature} is negative", "Use 0 (greedy) or a positive value.")
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    if e.every < 1:
+        _fail(f"eval.every={e.every} is invalid", "Use an integer >= 1.")
     if e.n_samples < 1 or e.max_nodes < 1 or e.max_new_tokens < 1 or e.diversity_k < 1 or any(k < 1 for k in e.ks):
         _fail("eval.n_samples, eval.max_nodes, eval.max_new_tokens, eval.diversity_k and every eval.ks must be >= 1",
               f"Got {e.n_samples}, {e.max_nodes}, {e.max_new_tokens}, {e.diversity_k} and {e.ks}.")
     if e.tree and not e.tplus:
         _fail("eval.tree=true needs at least one entry in eval.tplus",
               "Use eval.tplus=[false] (plain trees), [true] (T+) or [false,true] (both).")
-    gate = cfg.gate
+
+
+def _validate_gate(gate: GateConfig) -> None:
     if gate.n_fresh < 1 or gate.n_parents < 1 or gate.n_boot < 1 or not 0 < gate.level < 1 \
             or (gate.max_problems is not None and gate.max_problems < 1):
         _fail("gate.n_fresh, gate.n_parents, gate.n_boot and gate.max_problems (or null) must be >= 1 and gate.level "
               "in (0, 1)",
               f"Got {gate.n_fresh}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and {gate.level}.")
-    from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
-    from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy, as above
 
-    g = cfg.grading
+def _validate_grading(g: GradingConfig) -> None:
+    from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy: import-light module
+
     if not (math.isfinite(g.time_limit_s) and MIN_TIME_S <= g.time_limit_s <= MAX_TIME_S
             and 1 <= g.memory_mb <= MAX_MEMORY_MB and 0 <= g.workers <= MAX_WORKERS):
         _fail(f"grading.time_limit_s={g.time_limit_s}, grading.memory_mb={g.memory_mb} or "
               f"grading.workers={g.workers} is out of range",
               f"Use time_limit_s from {MIN_TIME_S} to {MAX_TIME_S:g} CPU seconds, memory_mb from 1 to {MAX_MEMORY_MB} "
               f"and workers from 0 (one per core) to {MAX_WORKERS}.")
-    _validate_orchestration(cfg.orchestration)
-    _validate_plan(cfg.plan)
-    if not cfg.progress_every_s >= 0:
-        _fail(f"progress_every_s={cfg.progress_every_s} must be >= 0", "Seconds between plain progress lines; 0: none.")
-    if cfg.cpus < 0:
-        _fail(f"cpus={cfg.cpus} must be >= 0", "The run's CPU budget in cores; 0: the cores this process may use.")
-    _validate_agents(cfg, cuda_available, planning)
-    for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
-        _fail(what, allowed)  # preset" says more to a user on a laptop than a missing data path
-    return cfg
 
 
 def _validate_plan(p: PlanConfig) -> None:
