@@ -51,7 +51,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         members, owners = cfg.agents.members, {m.name: m for m in cfg.agents.owners}
         profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
         common = dict(ctx=ctx, grading=cfg.grading, backend=cfg.backend, members=members)  # every generation stage's
-        dataset, agents, _ = team_weights(s, checkpoints=False)  # cycle 0's weights and the KL reference
+        dataset, agents, _ = team_weights(s, from_checkpoints=False)  # cycle 0's weights and the KL reference
         weights = {name: agents for name in owners}
         optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
         if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1

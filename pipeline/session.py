@@ -72,13 +72,13 @@ def checkpoints_of(cfg: RunConfig) -> tuple[dict[str, str], dict[str, dict[str, 
     return checkpoints, checkpoint_hashes(checkpoints, [m.name for m in cfg.agents.owners])
 
 
-def team_weights(s: FlowSession, *, checkpoints: bool = True) -> tuple[StageRecord, StageRecord, StageRecord]:
+def team_weights(s: FlowSession, *, from_checkpoints: bool = True) -> tuple[StageRecord, StageRecord, StageRecord]:
     """The data (logged to the run as its datasets), the agents (warm-started where the preset says so, unless every
-    owner has a checkpoint) and the weights to start from: the agents', or (``checkpoints``) those of
+    owner has a checkpoint) and the weights to start from: the agents', or (``from_checkpoints``) those of
     ``eval.from_run`` / ``eval.checkpoints`` imported over them."""
     cfg, ctx, stage, report = s.cfg, s.ctx, s.stage, s.report
     members = cfg.agents.members
-    checkpoints, hashes = checkpoints_of(cfg) if checkpoints else ({}, {})
+    checkpoints, hashes = checkpoints_of(cfg) if from_checkpoints else ({}, {})
     dataset = report.done(stage.prepare_dataset(ctx, cfg.data, source_hash(cfg.data)), cycle=0)
     s.run.log(lambda run_id: tracking.log_datasets(cfg, run_id, dataset))
     agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)

@@ -246,11 +246,10 @@ def _prompt(problem: Problem, exp: Expansion, rows: list[dict[str, Any]], detail
 
 def node_row(problem_id: str, node_id: int, *, parent: int, depth: int, agent: str, parent_agent: str | None,
              wave: int, prompt: str, generation: Generation, code: str | None, verdict: Any,
-             score: float | None = None) -> dict[str, Any]:
+             score: float) -> dict[str, Any]:
     """One row of the node table (:data:`NODE_COLUMNS`): the node's place in its tree, the agent's generation
     (token ids, rollout log-probs), its search verdict (``public_*``: the tests the search grades on, public ones
-    unless ``search.score=all_tests_binary``) and its search score (default: :func:`public_score`). A child of the
-    root is a ``generate``."""
+    unless ``search.score=all_tests_binary``) and its search score. A child of the root is a ``generate``."""
     return {
         "problem_id": problem_id, "node_id": node_id, "parent": parent, "depth": depth, "agent": agent,
         "action": "generate" if parent == ROOT else "refine", "parent_agent": parent_agent, "wave": wave,
@@ -258,7 +257,7 @@ def node_row(problem_id: str, node_id: int, *, parent: int, depth: int, agent: s
         "response_ids": generation.response_ids, "logprobs": generation.logprobs,
         "finish_reason": generation.finish_reason, "response_len": len(generation.response_ids),
         "public_status": verdict.status, "public_passed": verdict.passed, "public_total": verdict.total,
-        "public_detail": verdict.detail[:2000], "score": public_score(verdict) if score is None else score,
+        "public_detail": verdict.detail[:2000], "score": score,
     }
 
 
