@@ -40,10 +40,10 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
     cfg = compose_eval(overrides or [])
     with flow_session(cfg, kind="evaluate", run_name=f"eval-{cfg.agents.preset}-{flow_run.name}",
                       title="mars2 evaluation") as s:
-        dataset, agents, weights = team_weights(s)
+        dataset, agents, team = team_weights(s)
         s.metrics = s.report.done(s.stage.evaluate(
             s.ctx, evaluation=cfg.eval, search=cfg.search, grading=cfg.grading, backend=cfg.backend,
-            members=cfg.agents.members, weights={m.name: weights for m in cfg.agents.owners}, agents=agents,
+            members=cfg.agents.members, weight_records={m.name: team for m in cfg.agents.owners}, agents=agents,
             dataset=dataset, cycle=0, max_problems=cfg.data.max_eval_problems), cycle=0, label="eval").metrics
         return s.finish()
 

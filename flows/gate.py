@@ -41,9 +41,9 @@ def refine_gate_flow(overrides: list[str] | None = None) -> dict:
     cfg = compose_gate(overrides or [])
     with flow_session(cfg, kind="gate", run_name=f"gate-{cfg.agents.preset}-{flow_run.name}",
                       title="mars2 refine gate") as s:
-        dataset, agents, weights = team_weights(s)
+        dataset, agents, team = team_weights(s)
         gate = s.report.done(s.stage.refine_gate(s.ctx, gate=cfg.gate, search=cfg.search, grading=cfg.grading,
-                                                 backend=cfg.backend, members=cfg.agents.members, weights=weights,
+                                                 backend=cfg.backend, members=cfg.agents.members, weight_record=team,
                                                  agents=agents, dataset=dataset), cycle=0)
         summary = s.finish(notes=gate.path("gate.md").read_text())
     return summary | {"gate": gate.metrics, "passes": bool(gate.metrics["passes"]), "gate_dir": gate.dir}

@@ -92,12 +92,12 @@ def base_overrides(study: StudyConfig, seed: int) -> list[str]:
     return [*study.common, *study.base, f"seed={seed}"]
 
 
-def control_overrides(study: StudyConfig, name: str, seed: int, final_weights: dict[str, dict[str, str]]) -> list[str]:
+def control_overrides(study: StudyConfig, name: str, seed: int, final_model_dirs: dict[str, dict[str, str]]) -> list[str]:
     """A control's evaluation: its agents, each owner of ``control.weights`` with the final weights of that arm's run
-    (``final_weights``: arm → {owner: model folder} of this seed's runs)."""
+    (``final_model_dirs``: arm → {owner: model folder} of this seed's runs)."""
     control = study.controls[name]
-    checkpoints = [f"+eval.checkpoints.{owner}='{final_weights[arm][owner]}'"
-                   for owner, arm in control.weights.items() if arm in final_weights]
+    checkpoints = [f"+eval.checkpoints.{owner}='{final_model_dirs[arm][owner]}'"
+                   for owner, arm in control.weights.items() if arm in final_model_dirs]
     return [*study.common, *control.overrides, f"seed={seed}", *checkpoints]
 
 
@@ -125,7 +125,7 @@ def study_flow(overrides: list[str] | None = None) -> dict:
                 rows.append({"arm": arm, "seed": seed, "run_id": result["run_id"],
                              **agent_row(result, study.agent)})
                 problems.append(final_per_problem(result, study.agent).assign(arm=arm, seed=seed))
-                trained[arm] = tracking.final_weights(cfg, result["run_id"])
+                trained[arm] = tracking.final_model_dirs(cfg, result["run_id"])
                 history = tracking.metric_history(cfg, result["run_id"], f"eval/{study.agent}/pass_at_1")
                 if history:  # an arm without the study's agent (e.g. the other agent trained alone) has no curve
                     curves.append({"arm": arm, "seed": seed, "cycle": 0, "value": base_row["pass_at_1"]})

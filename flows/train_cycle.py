@@ -52,15 +52,15 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         profile = {name: cfg.deepspeed_profiles[m.deepspeed] if m.deepspeed else cfg.deepspeed for name, m in owners.items()}
         common = dict(ctx=ctx, grading=cfg.grading, backend=cfg.backend, members=members)  # every generation stage's
         dataset, agents, _ = team_weights(s, from_checkpoints=False)  # cycle 0's weights and the KL reference
-        weights = {name: agents for name in owners}
+        latest = {name: agents for name in owners}  # each owner's latest record that hands on its weights
         optimizer_states = {name: [] for name in owners}  # each owner's ds/ after each of its updates, oldest first
         if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
-            report.done(stage.evaluate(**common, evaluation=cfg.eval, search=cfg.search, weights=weights, agents=agents,
-                                       dataset=dataset, cycle=-1, max_problems=cfg.data.max_eval_problems),
-                        -1, label="eval")
+            report.done(stage.evaluate(**common, evaluation=cfg.eval, search=cfg.search, weight_records=latest,
+                                       agents=agents, dataset=dataset, cycle=-1,
+                                       max_problems=cfg.data.max_eval_problems), -1, label="eval")
 
         for cycle in range(cfg.train.cycles):
-            trees = report.done(stage.rollout(**common, search=cfg.search, weights=weights, agents=agents,
+            trees = report.done(stage.rollout(**common, search=cfg.search, weight_records=latest, agents=agents,
                                               dataset=dataset, cycle=cycle, max_problems=cfg.data.max_train_problems,
                                               rotate=cfg.data.rotate_train), cycle)
             verdicts = report.done(stage.grade(ctx, cfg.grading, trees, dataset, cycle), cycle)
@@ -68,23 +68,23 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                                                           trees=trees, verdicts=verdicts, cycle=cycle), cycle)
             run.log(partial(tracking.log_tree_views, cfg, trees=trees, verdicts=verdicts, routed=routed, cycle=cycle))
             updates = {name: stage.update_policy.submit(ctx, member=m, train=cfg.train, profile=profile[name],
-                                                        weights=weights[name], agents=agents, routed=routed,
+                                                        weight_record=latest[name], agents=agents, routed=routed,
                                                         cycle=cycle, temperature=cfg.search.temperature)
                        for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
-            weights = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
-            for name, w in weights.items():  # only once every update of the cycle has finished: a retry needs none
+            latest = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
+            for name, w in latest.items():  # only once every update of the cycle has finished: a retry needs none
                 optimizer_states[name].append(w.weights_of(name).optimizer_dir)
                 prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
             if (cycle + 1) % cfg.eval.every == 0 or cycle == cfg.train.cycles - 1:
                 last = cycle == cfg.train.cycles - 1
                 evaluation = replace(cfg.eval, tree=cfg.eval.tree and (last or not cfg.eval.tree_last_only))
                 s.metrics = report.done(stage.evaluate(**common, evaluation=evaluation, search=cfg.search,
-                                                       weights=weights, agents=agents, dataset=dataset, cycle=cycle,
-                                                       max_problems=cfg.data.max_eval_problems),
+                                                       weight_records=latest, agents=agents, dataset=dataset,
+                                                       cycle=cycle, max_problems=cfg.data.max_eval_problems),
                                         cycle, label="eval").metrics
             report.cycle_done(cycle)
-        final = {name: model_dir(w, name) for name, w in weights.items()}
-        run.log(lambda run_id: tracking.log_final_weights(cfg, run_id, final))
+        final = {name: model_dir(w, name) for name, w in latest.items()}
+        run.log(lambda run_id: tracking.log_final_model_dirs(cfg, run_id, final))
         return s.finish()
 
 

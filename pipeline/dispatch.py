@@ -1,6 +1,6 @@
-"""The stage tasks as a flow calls them: bound to a run folder, and placed where the config says they run.
+"""The stage tasks as a flow calls them: placed where the config says they run.
 
-``bound(root, orchestration)`` gives one callable per stage task (``stage.rollout(...)``, ...), each returning the
+``placed_stages(orchestration)`` gives one callable per stage task (``stage.rollout(...)``, ...), each returning the
 stage's :class:`StageRecord`:
 
 - ``orchestration.mode=local`` (default): the Prefect task, run in this process. ``.submit(...)`` runs it now too
@@ -8,12 +8,12 @@ stage's :class:`StageRecord`:
 - ``orchestration.mode=pools``: a stage whose pool (``orchestration.pools[<stage>]``) is not ``flow_pool`` becomes
   a flow run of the ``stage`` deployment on that pool (``stage/<pool>``, see ``flows/deploy.py``), started with
   ``run_deployment`` as a subflow of the calling flow run. Its arguments travel as JSON (configs and records are
-  small dataclasses); the worker rebuilds them, runs the *same* task with the *same* cache key, and writes the
+  small dataclasses); the worker rebuilds them, runs the *same* task with the *same* stage folder, and writes the
   record to ``<root>/dispatch/<its flow run id>.json``, where this process reads it back. ``.submit(...)``
   starts the flow run in a thread and returns a future: per-agent updates run concurrently on the pool's workers.
 
-Every worker must see the run folder at the same path (``$MARS2_HOME`` on shared storage): artefacts and cache
-records live there, not in Prefect.
+Every worker must see the run folder at the same path (``$MARS2_HOME`` on shared storage): the stage folders, the
+only cache, live there, not in Prefect.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from prefect import flow
+from prefect.states import State
 
 from mars2.config import BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
-from pipeline.stage import RESULTS_DIR, StageRecord
+from pipeline.stage import StageContext, StageRecord
 from tasks.advantage import compute_advantages
 from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents
@@ -52,22 +53,18 @@ STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are n
 DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
 
 
-def bound(root: str | Path, orchestration: OrchestrationConfig | None = None) -> SimpleNamespace:
-    """Every stage, with ``result_storage=<root>/prefect-results`` (its cache survives restarts), placed by
-    ``orchestration`` (None or mode ``local``: all in this process)."""
-    storage = Path(root).resolve() / RESULTS_DIR
-    storage.mkdir(parents=True, exist_ok=True)
-    tasks = {name: t.with_options(result_storage=storage) for name, t in ALL.items()}
+def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNamespace:
+    """Every stage, placed by ``orchestration`` (None or mode ``local``: all in this process)."""
     failed: list[str] = []  # task run names of the stages that raised, e.g. "update-qwen_tiny-c0"
     if orchestration is None or orchestration.mode == "local":
-        return SimpleNamespace(failed=failed, **{name: LocalStage(t, failed) for name, t in tasks.items()})
+        return SimpleNamespace(failed=failed, **{name: LocalStage(t, failed) for name, t in ALL.items()})
     check_dispatch(orchestration)
-    pool = {name: orchestration.pools.get(t.name, orchestration.flow_pool) for name, t in tasks.items()}
+    pool = {name: orchestration.pools.get(t.name, orchestration.flow_pool) for name, t in ALL.items()}
     executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mars2-dispatch")
     return SimpleNamespace(failed=failed, **{
         name: LocalStage(t, failed) if pool[name] == orchestration.flow_pool
         else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor, failed)
-        for name, t in tasks.items()})
+        for name, t in ALL.items()})
 
 
 def task_run_name(task, arguments: dict[str, Any]) -> str:
@@ -100,7 +97,8 @@ class LocalStage:
 
     def __call__(self, *args: Any, **kwargs: Any) -> StageRecord:
         try:
-            return self.task(*args, **kwargs)
+            out = self.task(*args, **kwargs)
+            return out.result() if isinstance(out, State) else out  # a reused folder's record comes as a Cached state
         except Exception:
             self.failed.append(task_run_name(self.task, bind_arguments(self.task, args, kwargs)))
             raise
@@ -192,8 +190,9 @@ def stage_flow(stage: str, args: dict[str, Any]) -> str:
                                 "($MARS2_HOME) at the same path")
     # the generation stages (their BackendConfig argument): the node's engine services of the run; the others
     # generate nothing
-    with node_engines(kwargs.get("backend") or BackendConfig(persistent=False), kwargs["ctx"]):
-        record = getattr(bound(root), stage)(**kwargs)
+    with node_engines(kwargs.get("backend") or BackendConfig(persistent=False), kwargs["ctx"]) as engines:
+        kwargs["ctx"] = dataclasses.replace(kwargs["ctx"], engines=engines)
+        record = getattr(placed_stages(), stage)(**kwargs)
     path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, dataclasses.asdict(record))
@@ -209,10 +208,12 @@ def read_dispatched(root: str, flow_run_id: str) -> StageRecord:
 
 
 def encode_args(arguments: dict[str, Any]) -> dict[str, Any]:
-    """A stage call's arguments as JSON values (dataclasses become dicts)."""
+    """A stage call's arguments as JSON values (dataclasses become dicts); the context without its engines, which
+    belong to this process (the worker opens its own)."""
     from pydantic_core import to_jsonable_python
 
-    return to_jsonable_python(arguments)
+    return to_jsonable_python({name: dataclasses.replace(value, engines=None) if isinstance(value, StageContext)
+                               else value for name, value in arguments.items()})
 
 
 def decode_args(task, args: dict[str, Any]) -> dict[str, Any]:

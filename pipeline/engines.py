@@ -1,10 +1,11 @@
 """The run's generation engines: one per weight owner, kept across waves, stages and cycles of a flow run.
 
-A flow opens :func:`engine_pool` around its stages; :func:`pipeline.weights.load_backend` then hands out the owner's
-engine, loading the stage's weights into it in place (the model folder, content-addressed, is the version), instead of a
+A flow opens :func:`engine_pool` around its stages (a stage flow run on a pool worker: :func:`node_engines`) and
+hands it to them as ``StageContext.engines``; :func:`pipeline.weights.load_backend` then hands out the owner's engine,
+loading the stage's weights into it in place (the model folder, content-addressed, is the version), instead of a
 fresh backend. ``engine_starts`` counts every engine (or in-process model load, or vLLM worker) started during the
-run: the figure a GPU cluster pays for in minutes per start. Without an open pool (a stage on a pool worker, a
-test calling a stage) every backend is loaded fresh, as before.
+run: the figure a GPU cluster pays for in minutes per start. A stage given no pool (a test calling a stage) loads
+every backend fresh.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineEr
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
 from pipeline.stage import StageContext
-
-_pool: EnginePool | None = None
 
 
 class EnginePool:
@@ -94,15 +93,13 @@ def engine_pool(backend: BackendConfig, ctx: StageContext | None = None) -> Iter
     """The run's engines (``backend.persistent``, ``start_timeout_s``), stopped when the block ends (normally, on an
     error, on SIGTERM/SIGINT); with ``ctx``, the run's node services on pool workers too (their STOP file is
     written)."""
-    global _pool
     run_dir = run_engines_dir(ctx) if ctx is not None else None
     if run_dir is not None:  # a retry of the same flow run: the last attempt's STOP would end this one's services
         (run_dir / STOP_FILE).unlink(missing_ok=True)
-    _pool = EnginePool(backend.persistent, run_dir=run_dir, start_timeout_s=backend.start_timeout_s)
+    pool = EnginePool(backend.persistent, run_dir=run_dir, start_timeout_s=backend.start_timeout_s)
     try:
-        yield _pool
+        yield pool
     finally:
-        pool, _pool = _pool, None
         pool.close()
         if run_dir is not None and run_dir.exists():
             atomic_write_text(run_dir / STOP_FILE, "the run has ended\n")
@@ -113,13 +110,11 @@ def node_engines(backend: BackendConfig, ctx: StageContext) -> Iterator[EnginePo
     """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
     that needs one, attached to by the next; each exits after ``backend.service_idle_exit_s`` with no stage
     connected), disconnected from when the block ends."""
-    global _pool
-    _pool = EnginePool(backend.persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
-                       start_timeout_s=backend.start_timeout_s, idle_exit_s=backend.service_idle_exit_s)
+    pool = EnginePool(backend.persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
+                      start_timeout_s=backend.start_timeout_s, idle_exit_s=backend.service_idle_exit_s)
     try:
-        yield _pool
+        yield pool
     finally:
-        pool, _pool = _pool, None
         pool.close()
 
 
@@ -133,7 +128,3 @@ def release(runners: dict) -> None:
 def starts_of(backend) -> int:
     """Engine starts a handed-out backend made: its own count, else one (a model loaded once)."""
     return backend.starts if isinstance(backend, CountedBackend) else 1
-
-
-def current_pool() -> EnginePool | None:
-    return _pool

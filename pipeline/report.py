@@ -13,7 +13,7 @@ from rich.table import Table
 from mars2.config import RunConfig
 from mars2.io import write_parquet
 from pipeline import tracking
-from pipeline.stage import StageContext, StageRecord
+from pipeline.stage import StageContext, StageRecord, came_from_cache
 
 
 def summary_console() -> Console:
@@ -33,7 +33,7 @@ class RunReport:
 
     def done(self, record: StageRecord, cycle: int, label: str | None = None) -> StageRecord:
         """Record that a stage returned (ran now, or came from cache), log it to MLflow, print one line."""
-        ran = record.flow_run_id == self.ctx.flow_run_id
+        ran = not came_from_cache(record, self.ctx)
         name = label or record.stage
         self.rows.append({"cycle": cycle, "stage": name, "status": "ran" if ran else "cached",
                           "seconds": record.seconds if ran else 0.0, "key": record.key[:16], "dir": record.dir,

@@ -1,9 +1,10 @@
-"""The set-up every flow shares: the stage context, the MLflow run and its summary, the bound stages and one
+"""The set-up every flow shares: the stage context, the MLflow run and its summary, the placed stages and one
 generation engine per weight owner, kept for the flow run. A flow body that raises finishes the run as FAILED,
 naming the stages that raised."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,28 +19,29 @@ from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
 from pipeline.config import to_container, to_yaml
 from tasks.data import source_hash
-from pipeline.engines import EnginePool, engine_pool
+from pipeline.engines import engine_pool
 from pipeline.report import RunReport
 from pipeline.runtime import use_cpu_budget
 from pipeline.stage import StageContext, StageRecord
-from pipeline.dispatch import bound
+from pipeline.dispatch import placed_stages
 
 
 @dataclass
 class FlowSession:
-    """One flow run's handles; ``metrics`` are the evaluation metrics its summary reports (the latest ones)."""
+    """One flow run's handles (its engines are ``ctx.engines``); ``metrics`` are the evaluation metrics its summary
+    reports (the latest ones)."""
 
     cfg: RunConfig
     ctx: StageContext
     run: tracking.TrackedRun
     report: RunReport
     stage: SimpleNamespace
-    engines: EnginePool
     metrics: dict[str, float] = field(default_factory=dict)
 
     def finish(self, notes: str = "") -> dict:
         """Close the run as FINISHED; returns the run summary."""
-        return self.report.finish("FINISHED", self.metrics, {"engine_starts": self.engines.starts}, notes=notes)
+        return self.report.finish("FINISHED", self.metrics, {"engine_starts": self.ctx.engines.starts},
+                                  notes=notes)
 
 
 @contextmanager
@@ -54,9 +56,9 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id, run_name=run_name,
                             kind=kind)
     report = RunReport(cfg, ctx, run, title=title)
-    stage = bound(cfg.paths.root, cfg.orchestration if dispatch else None)
+    stage = placed_stages(cfg.orchestration if dispatch else None)
     with engine_pool(cfg.backend, ctx) as engines:
-        session = FlowSession(cfg, ctx, run, report, stage, engines)
+        session = FlowSession(cfg, dataclasses.replace(ctx, engines=engines), run, report, stage)
         try:
             yield session
         except BaseException:
@@ -68,14 +70,14 @@ def checkpoints_of(cfg: RunConfig) -> tuple[dict[str, str], dict[str, dict[str, 
     """``{owner: folder}`` from ``eval.from_run`` and ``eval.checkpoints`` (the latter wins) and their file hashes."""
     checkpoints = dict(cfg.eval.checkpoints)
     if cfg.eval.from_run:
-        checkpoints = tracking.final_weights(cfg, cfg.eval.from_run) | checkpoints
+        checkpoints = tracking.final_model_dirs(cfg, cfg.eval.from_run) | checkpoints
     return checkpoints, checkpoint_hashes(checkpoints, [m.name for m in cfg.agents.owners])
 
 
 def team_weights(s: FlowSession, *, from_checkpoints: bool = True) -> tuple[StageRecord, StageRecord, StageRecord]:
     """The data (logged to the run as its datasets), the agents (warm-started where the preset says so, unless every
-    owner has a checkpoint) and the weights to start from: the agents', or (``from_checkpoints``) those of
-    ``eval.from_run`` / ``eval.checkpoints`` imported over them."""
+    owner has a checkpoint) and the team's record to start from: the agents', or (``from_checkpoints``) the one that
+    imports ``eval.from_run`` / ``eval.checkpoints`` over them."""
     cfg, ctx, stage, report = s.cfg, s.ctx, s.stage, s.report
     members = cfg.agents.members
     checkpoints, hashes = checkpoints_of(cfg) if from_checkpoints else ({}, {})
@@ -84,7 +86,7 @@ def team_weights(s: FlowSession, *, from_checkpoints: bool = True) -> tuple[Stag
     agents = report.done(stage.init_agents(ctx, members, dataset), cycle=0)
     if needs_bootstrap(members) and not {m.name for m in cfg.agents.owners} <= set(checkpoints):
         agents = report.done(stage.bootstrap_agents(ctx, members, agents, dataset, cfg.grading), cycle=0)
-    weights = agents
+    team = agents
     if checkpoints:
-        weights = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
-    return dataset, agents, weights
+        team = report.done(stage.import_checkpoints(ctx, checkpoints, hashes, agents), cycle=0)
+    return dataset, agents, team

@@ -3,11 +3,11 @@
 A stage's cache key is sha256 of (stage name, code version, its parameters except ``ctx``), where
 config subtrees enter as plain dicts (without the fields marked ``metadata={"cache_key": False}``) and upstream
 stages enter as their records' keys and file fingerprints (:func:`mars2.io.file_fingerprint`). The
-artefact folder is ``<root>/artifacts/<stage>/<key[:16]>``. Prefect stores only the record (paths +
-hashes + metrics + the weights it hands on) in ``<root>/prefect-results``, so the cache survives a process restart.
-A finished folder is reused only as it was written: a record whose folder has disappeared, or whose artefacts no
-longer match the fingerprints in its ``MANIFEST.json`` (edited, truncated, deleted), is not trusted; such a folder
-is moved aside under a name that says so, a warning names the files, and the stage runs again.
+artefact folder is ``<root>/artifacts/<stage>/<key[:16]>``, and that folder is the stage's one cache: its
+``MANIFEST.json`` holds the record (paths + hashes + metrics + the weights it hands on), so the cache survives a
+process restart, and Prefect keeps no result of its own (:func:`stage_task`). A finished folder is reused only as it
+was written: one whose artefacts no longer match the fingerprints in its ``MANIFEST.json`` (edited, truncated,
+deleted) is moved aside under a name that says so, a warning names the files, and the stage runs again.
 
 Weights travel between stages as :class:`AgentWeights` per weight owner in :attr:`StageRecord.weights`
 (agents, bootstrap, checkpoints and update records), read through :meth:`StageRecord.weights_of`.
@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import threading
@@ -29,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
 from mars2.config import GradingConfig
 from mars2.cpu import CpuShares, cpu_budget, split_cpus
 from mars2.io import atomic_dir, atomic_write_json, file_fingerprint, folder_fingerprints, sha256_json
@@ -37,7 +42,6 @@ from mars2.train.checkpoints import PRUNED
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-RESULTS_DIR = "prefect-results"  # Prefect's result storage inside the run folder (cache records)
 CODE_VERSION_SALT = "1"  # bump to invalidate every cache after a change the module hashes cannot see
 
 
@@ -54,6 +58,9 @@ class StageContext:
     fail_at: str | None = None
     progress_every_s: float = 30.0  # not on a terminal: a plain progress line per stage this often (0: none)
     cpus: int = 0  # the run's CPU budget (mars2.cpu.cpu_budget: 0 is the usable cores of the machine running a stage)
+    # the run's generation engines on this machine (a pipeline.engines.EnginePool, opened by the flow or the stage flow
+    # run; it never leaves the process); None: every backend is loaded fresh
+    engines: Any = field(default=None, compare=False, repr=False)
 
     def cpu_shares(self, *, engines: int = 1, update_ranks: int = 1) -> CpuShares:
         """The run's CPU budget on the machine running this stage, split among its processes (mars2/cpu.py)."""
@@ -173,8 +180,8 @@ def narrowed(value: Any, reads: tuple[str, ...]) -> Any:
     """``value`` (a config dataclass, or a list of them) with every field not in ``reads`` at its default.
 
     A stage keys on, and computes from, the narrowed configs of what it declares it reads (``reads`` of
-    :func:`cache_key_fn` and :func:`run_stage`): a change to a field it does not read leaves its key, so its cache,
-    as it was. A field without a default stays."""
+    :func:`run_stage`): a change to a field it does not read leaves its key, so its cache, as it was. A field without
+    a default stays."""
     if isinstance(value, (list, tuple)):
         return type(value)(narrowed(v, reads) for v in value)
     unread = {}
@@ -200,25 +207,35 @@ def stage_dir(root: str | Path, stage: str, digest: str) -> Path:
     return Path(root) / "artifacts" / stage / digest[:16]
 
 
-def cache_key_fn(stage: str, modules: tuple[str, ...],
-                 reads: dict[str, tuple[str, ...]] | None = None) -> Callable[[Any, dict[str, Any]], str]:
-    """Prefect cache key function of a stage: ``<stage>-<digest>`` (:func:`stage_digest`; ``reads``: the fields
-    of config parameters the stage reads, the same the task passes to :func:`run_stage`).
+def stage_task(stage: str, **options: Any) -> Callable[[Callable[..., StageRecord]], Any]:
+    """The Prefect task of a stage function (first parameter ``ctx``; it returns :func:`run_stage`'s record).
 
-    Self-healing: if the stage's folder is missing or no longer as it was written (:func:`reusable`), the Prefect
-    record stored under that key (a file of the same name in the result storage) is deleted first, so the stage
-    runs again and a record never outlives its files.
+    The stage's folder is its only cache: Prefect computes no cache key and stores no result (``NO_CACHE``,
+    ``persist_result=False``), so there is no second record to fall out of step with the files. A call whose folder
+    was reused (:func:`came_from_cache`) ends in a Completed state named ``Cached``, as Prefect names its own cache
+    hits, so the UI shows which stages ran; such a call returns that state, whose ``result()`` is the record
+    (``pipeline.dispatch.LocalStage`` hands on the record). ``options``: further :func:`prefect.task` options
+    (``task_run_name``).
     """
 
-    def key(_context: Any, parameters: dict[str, Any]) -> str:
-        digest = stage_digest(stage, modules, parameters, reads)
-        name = f"{stage}-{digest}"
-        root = Path(parameters["ctx"].root)
-        if not reusable(stage_dir(root, stage, digest), stage):
-            (root / RESULTS_DIR / name).unlink(missing_ok=True)
-        return name
+    def decorate(fn: Callable[..., StageRecord]):
+        signature = inspect.signature(fn)
 
-    return key
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any):
+            record = fn(*args, **kwargs)
+            if came_from_cache(record, signature.bind(*args, **kwargs).arguments["ctx"]):
+                return Completed(name="Cached", data=record, message=f"reused {record.dir}")
+            return record
+
+        return task(name=stage, cache_policy=NO_CACHE, persist_result=False, **options)(call)
+
+    return decorate
+
+
+def came_from_cache(record: StageRecord, ctx: StageContext) -> bool:
+    """Whether a flow run other than this one (``ctx.flow_run_id``) made ``record``: its folder was reused."""
+    return record.flow_run_id != ctx.flow_run_id
 
 
 def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameters: dict[str, Any],
@@ -316,7 +333,7 @@ def reusable(folder: Path, stage: str) -> bool:
 
 
 def current_parameters() -> dict[str, Any]:
-    """The bound parameters of the running Prefect task (the same dict its cache key was computed from)."""
+    """The bound parameters of the running Prefect task (the dict its stage digest is computed from)."""
     from prefect.context import TaskRunContext
 
     ctx = TaskRunContext.get()
@@ -325,6 +342,6 @@ def current_parameters() -> dict[str, Any]:
     return dict(ctx.parameters)
 
 
-__all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "cache_key_fn", "code_version",
-           "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json", "stage_digest",
-           "stage_dir"]
+__all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "came_from_cache",
+           "code_version", "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json",
+           "stage_digest", "stage_dir", "stage_task"]

@@ -504,12 +504,12 @@ def log_tree_views(cfg: RunConfig, run_id: str, trees: StageRecord, verdicts: St
             client.log_artifact(run_id, str(image), artifact_path=f"{cycle_folder(cycle)}/trees")
 
 
-def log_final_weights(cfg: RunConfig, run_id: str, model_dirs: dict[str, str]) -> None:
+def log_final_model_dirs(cfg: RunConfig, run_id: str, model_dirs: dict[str, str]) -> None:
     """The run's last weights per owner (absolute folders): what ``flows/evaluate.py eval.from_run=<id>`` loads."""
     log_json(cfg, run_id, model_dirs, FINAL_WEIGHTS)
 
 
-def final_weights(cfg: RunConfig, run_id: str) -> dict[str, str]:
+def final_model_dirs(cfg: RunConfig, run_id: str) -> dict[str, str]:
     """``{owner: model folder}`` logged by a finished train-cycle run; a clear error for any other run."""
     import json
     import tempfile

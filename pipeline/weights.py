@@ -9,7 +9,7 @@ import os
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
-from pipeline.engines import EnginePool, current_pool
+from pipeline.engines import EnginePool
 from pipeline.stage import AgentWeights, StageContext, StageRecord
 
 # an agent's fields that say how it trains, not how it generates: a stage that only generates does not read them
@@ -47,24 +47,24 @@ def in_process_device(member: AgentConfig) -> str:
     return f"cuda:{member.gpu_ids[0]}" if member.gpu_ids else member.device
 
 
-def load_backend(member: AgentConfig, weights: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 backend: BackendConfig | None = None, threads: int = 0):
-    """(generation backend, tokenizer) for an agent, on the device its config names; ``backend``: the engine
-    settings (vLLM's, and whether the run's engine pool serves it);
-    ``threads``: torch threads of a CPU engine process (0: torch's default).
+def load_backend(member: AgentConfig, weight_records: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
+                 backend: BackendConfig | None = None, threads: int = 0, pool: EnginePool | None = None):
+    """(generation backend, tokenizer) for an agent, on the device its config names, with the weights of its owner in
+    ``weight_records[owner]`` (each owner's latest record that hands on weights); ``backend``: the engine
+    settings (vLLM's, and whether the run's engine pool serves it); ``threads``: torch threads of a CPU engine
+    process (0: torch's default); ``pool``: the run's engines (None: a fresh backend, not counted).
 
     Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
     check_machine([member], stage="rollout/evaluation")
     owner = owner_of(member)
-    pool = current_pool()
-    generator, tok = _load_backend(member, owner, weights, agents, batch_size=batch_size, backend=backend,
+    generator, tok = _load_backend(member, owner, weight_records, agents, batch_size=batch_size, backend=backend,
                                    pool=pool, threads=threads)
     if pool is not None and not isinstance(generator, EngineClient):
         pool.count(generator, owner)
     return generator, tok
 
 
-def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecord], agents: StageRecord, *,
+def _load_backend(member: AgentConfig, owner: str, weight_records: dict[str, StageRecord], agents: StageRecord, *,
                   batch_size: int, backend: BackendConfig | None, pool: EnginePool | None,
                   threads: int):
     device, visible = engine_placement(member)
@@ -77,7 +77,7 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
 
         python = find_python() or "python"  # $MARS2_VLLM_PYTHON, or the CPU build's cached environment
 
-        folder = model_dir(weights[owner], owner)
+        folder = model_dir(weight_records[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
         args = vllm_engine_args(folder, member, backend or BackendConfig())
         stops = end_token_ids(generation_config_eos(folder), tok.eos_token_id)
@@ -92,35 +92,37 @@ def _load_backend(member: AgentConfig, owner: str, weights: dict[str, StageRecor
     if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
         from transformers import AutoTokenizer
 
-        folder = model_dir(weights[owner], owner)
+        folder = model_dir(weight_records[owner], owner)
         tok = AutoTokenizer.from_pretrained(tokenizer_dir(agents, owner), local_files_only=True)
         return pool.engine(owner, folder, tokenizer_dir(agents, owner), version=folder, device=device,
                            dtype=member.dtype, batch_size=batch_size, threads=threads,
                            cuda_visible_devices=visible), tok
     from mars2.backends.transformers_backend import load_transformers_backend
 
-    return load_transformers_backend(model_dir(weights[owner], owner), tokenizer_dir(agents, owner),
+    return load_transformers_backend(model_dir(weight_records[owner], owner), tokenizer_dir(agents, owner),
                                      device=in_process_device(member),
                                      dtype=member.dtype, batch_size=batch_size)
 
 
-def agent_runners(members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, *,
+def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord, *,
                   batch_size: int, backend: BackendConfig | None = None, ctx: StageContext | None = None) -> dict:
     """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches.
 
-    The CPU engines of the owners generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
-    without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
+    The owners' engines come from ``ctx.engines``, the run's pool (no ``ctx`` or no pool: fresh backends). The CPU
+    engines of the owners generate side by side: each gets its share of the run's CPU budget (``ctx``'s; without
+    one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
     from mars2.search.tree_search import AgentRunner
 
     loaded: dict[str, tuple] = {}
     runners = {}
     cpu_owners = {owner_of(m) for m in members if m.device.startswith("cpu")}
-    threads = (ctx or StageContext(root="")).cpu_shares(engines=len(cpu_owners)).engine
+    ctx = ctx or StageContext(root="")
+    threads = ctx.cpu_shares(engines=len(cpu_owners)).engine
     for m in members:
         owner = owner_of(m)
         if owner not in loaded:
-            loaded[owner] = load_backend(next(x for x in members if x.name == owner), weights, agents,
-                                         batch_size=batch_size, backend=backend,
+            loaded[owner] = load_backend(next(x for x in members if x.name == owner), weight_records, agents,
+                                         batch_size=batch_size, backend=backend, pool=ctx.engines,
                                          threads=threads if m.device.startswith("cpu") else 0)
         generator, tok = loaded[owner]
         runners[m.name] = AgentRunner(backend=generator, tokenizer=tok, role_prompt=m.role_prompt,

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
 from pipeline.weights import owner_of
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 
 STAGE = "advantage"
 MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "pipeline.weights")
@@ -22,8 +21,7 @@ READS = {"train": (*TRAIN_READS, "filter_flat_trees"), "search": ("max_new_token
          "members": ("name", "shares_weights_with")}
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
-      task_run_name="advantage-c{cycle}")
+@stage_task(STAGE, task_run_name="advantage-c{cycle}")
 def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConfig, members: list[AgentConfig],
                        trees: StageRecord, verdicts: StageRecord, cycle: int) -> StageRecord:
     """``routed/<owner>.parquet``: each weight owner's nodes with token ids, rollout log-probs and advantage

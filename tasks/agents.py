@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig
-from pipeline.stage import (AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, narrowed,
-                         run_stage)
+from pipeline.stage import (AgentWeights, StageContext, StageRecord, current_parameters, narrowed,
+                         run_stage, stage_task)
 
 STAGE = "agents"
 MODULES = ("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents")
@@ -19,7 +18,7 @@ MODULES = ("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents"
 READS = {"members": ("name", "model", "tokenizer", "shares_weights_with", "dtype", "tiny")}
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
+@stage_task(STAGE)
 def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRecord) -> StageRecord:
     """Initial weights and tokenizer per weight owner: ``record.weights[owner]`` (:class:`AgentWeights`; folders
     relative to the stage folder, or absolute for real models; see :meth:`StageRecord.weights_of`).

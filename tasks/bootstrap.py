@@ -12,11 +12,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 
 STAGE = "bootstrap"
 # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
@@ -35,7 +34,7 @@ def needs_bootstrap(members: list[AgentConfig]) -> bool:
     return any(m.bootstrap.steps > 0 for m in members if m.shares_weights_with is None)
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
+@stage_task(STAGE)
 def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord, dataset: StageRecord,
                      grading: GradingConfig) -> StageRecord:
     """Warm weights per weight owner with ``bootstrap.steps > 0`` (``weights[owner].model_dir`` points at its complete

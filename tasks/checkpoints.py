@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from prefect import task
 
 from mars2.config import ConfigError
 from mars2.io import folder_fingerprints
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "checkpoints"
 MODULES = ("mars2.io", "tasks.checkpoints", "pipeline.weights")
@@ -46,7 +45,7 @@ def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[st
     return out
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
+@stage_task(STAGE)
 def import_checkpoints(ctx: StageContext, checkpoints: dict[str, str], hashes: dict[str, dict[str, str]],
                        agents: StageRecord) -> StageRecord:
     """``agents`` with the given owners' weights replaced by the checkpoint folders (tokenizers unchanged)."""

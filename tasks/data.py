@@ -5,19 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import DataConfig
 from mars2.data.sources import REJECT_COLUMNS, build_dataset, input_files, summary_metrics
 from mars2.data.tables import problems_to_frame
 from mars2.io import atomic_write_json, sha256_file, sha256_json, write_parquet
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "data"
 MODULES = ("mars2.data", "mars2.io", "tasks.data")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True)
+@stage_task(STAGE)
 def prepare_dataset(ctx: StageContext, data: DataConfig, input_hash: str) -> StageRecord:
     """Problems → ``train.parquet``, ``eval.parquet``, ``rejected.parquet`` (every bad row: file, line, reason),
     ``summary.json`` (counts by platform/difficulty/test type, date range, content hashes, input files) and,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
@@ -24,7 +23,7 @@ from mars2.io import atomic_write_json, write_parquet
 from mars2.eval.run import SEARCH_READS
 from mars2.search.run import public_grader
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
@@ -39,10 +38,9 @@ MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", 
 READS = {"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS}
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
-      task_run_name="evaluation-c{cycle}")
+@stage_task(STAGE, task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
-             backend: BackendConfig, members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord,
+             backend: BackendConfig, members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord,
              dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
@@ -61,7 +59,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
-        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
+        runners = agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)  # its slots within the run's CPU budget
         with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs",
                             every_s=ctx.progress_every_s) as advance:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
@@ -18,7 +17,7 @@ from mars2.io import atomic_write_json, atomic_write_text, write_parquet
 from mars2.search.run import public_grader, search_sampling
 from pipeline.engines import release
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 from pipeline.weights import GENERATION_FIELDS, agent_runners, owner_of
 
 STAGE = "gate"
@@ -29,9 +28,9 @@ READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback
          "members": GENERATION_FIELDS}
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True)
+@stage_task(STAGE)
 def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, grading: GradingConfig,
-                backend: BackendConfig, members: list[AgentConfig], weights: StageRecord, agents: StageRecord,
+                backend: BackendConfig, members: list[AgentConfig], weight_record: StageRecord, agents: StageRecord,
                 dataset: StageRecord) -> StageRecord:
     """``attempts.parquet`` (every fresh program and refine attempt with its public score and hidden verdict),
     ``gate.parquet`` (:func:`mars2.eval.gate.gate_table`), ``refine_outcomes.parquet`` and ``gate.md``; metrics
@@ -47,7 +46,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         ids = cycle_subset(pool["id"].tolist(), 0, gate.max_problems)
         problems = problems_from_frame(pool.set_index("id").loc[ids].reset_index())
         owners = {owner_of(m) for m in members}
-        runners = agent_runners(members, {o: weights for o in owners}, agents, batch_size=search.batch_size,
+        runners = agent_runners(members, {o: weight_record for o in owners}, agents, batch_size=search.batch_size,
                                 backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)
         sampling = search_sampling(search, seed=search.seed)

@@ -5,19 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import GradingConfig
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "grading"
 MODULES = ("mars2.sandbox", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.grading")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True, task_run_name="grading-c{cycle}")
+@stage_task(STAGE, task_run_name="grading-c{cycle}")
 def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, dataset: StageRecord,
           cycle: int) -> StageRecord:
     """``verdicts.parquet``: per node, the verdict on the hidden tests and the binary reward (1 iff all pass)."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from prefect import task
 
 from mars2.config import AgentConfig, BackendConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, cache_key_fn, current_parameters, narrowed, run_stage
+from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
@@ -23,10 +22,9 @@ MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mar
 READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES, READS), persist_result=True,
-      task_run_name="rollout-c{cycle}")
+@stage_task(STAGE, task_run_name="rollout-c{cycle}")
 def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, backend: BackendConfig,
-            members: list[AgentConfig], weights: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
+            members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
             cycle: int, max_problems: int | None, rotate: bool = True) -> StageRecord:
     """Trees for cycle ``cycle``'s ``max_problems`` training problems (the next window each cycle, or with
     ``rotate=False`` the first window every cycle).
@@ -43,7 +41,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, bac
         train = pd.read_parquet(dataset.path("train.parquet"))
         ids = cycle_subset(train["id"].tolist(), cycle, max_problems, rotate)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
-        runners = agent_runners(members, weights, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
+        runners = agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
         sampling = search_sampling(search, seed=search.seed + 7919 * cycle)
         with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
             grade = public_grader(ctx.grading(grading))  # its slots within the run's CPU budget

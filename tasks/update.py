@@ -8,22 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefect import task
 
 from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
 from pipeline.progress import stage_progress
-from pipeline.stage import AgentWeights, StageContext, StageRecord, cache_key_fn, current_parameters, run_stage
+from pipeline.stage import AgentWeights, StageContext, StageRecord, current_parameters, run_stage, stage_task
 from pipeline.weights import in_process_device
 
 STAGE = "update"
 MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "pipeline.weights")
 
 
-@task(name=STAGE, cache_key_fn=cache_key_fn(STAGE, MODULES), persist_result=True,
-      task_run_name="update-{member.name}-c{cycle}")
+@stage_task(STAGE, task_run_name="update-{member.name}-c{cycle}")
 def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, profile: dict[str, Any],
-                  weights: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
+                  weight_record: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
                   temperature: float = 1.0) -> StageRecord:
     """New weights (``model/``: a complete HF folder, safetensors + tokenizer files), optimizer/scheduler/RNG state
     (``ds/``) and sample buffer of ``member``, handed on as ``record.weights[member.name]``.
@@ -49,7 +47,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
         from mars2.train.checkpoints import complete_model_folder, optimizer_state_in_use, require_optimizer_state
         from mars2.train.launch import launch_update
 
-        current = weights.weights_of(owner)
+        current = weight_record.weights_of(owner)
         new = pd.read_parquet(routed.path(f"routed/{owner}.parquet"))
         table = pd.concat([pd.read_parquet(current.buffer), new], ignore_index=True) if current.buffer else new
         if len(table) < train.train_batch:

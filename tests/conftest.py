@@ -22,8 +22,8 @@ configure_process()  # what every entry point does first (tests import stages wi
 @pytest.fixture(scope="session", autouse=True)
 def shared_prefect_home(tmp_path_factory):
     """One Prefect home per test process, inherited by every flow a test starts: the embedded server migrates a
-    fresh SQLite database once (~9 s on 2 cores), not once per run folder. Stage caches live in each run folder
-    (``$MARS2_HOME/prefect-results``), never here, so tests still share nothing but run history."""
+    fresh SQLite database once (~9 s on 2 cores), not once per run folder. Stage caches are the stage folders in each
+    run folder, never here, so tests still share nothing but run history."""
     home = tmp_path_factory.getbasetemp() / "prefect-home"
     home.mkdir(exist_ok=True)
     previous = os.environ.get("PREFECT_HOME")

@@ -213,13 +213,13 @@ def test_stage_arguments_reach_a_worker_with_the_same_cache_key(name):
 def test_stages_are_placed_by_their_pools(tmp_path):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipeline.dispatch import ALL, LocalStage, PoolStage, bound
+    from pipeline.dispatch import ALL, LocalStage, PoolStage, placed_stages
 
-    local = bound(tmp_path, OrchestrationConfig())
+    local = placed_stages(OrchestrationConfig())
     assert all(isinstance(getattr(local, name), LocalStage) for name in ALL) and local.failed == []
     orchestration = compose_run(["orchestration=pools"], cuda_available=False).orchestration
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
-        pools = bound(tmp_path, orchestration)
+        pools = placed_stages(orchestration)
     placed = {task.name: (s.pool if isinstance(s, PoolStage) else "in-flow")
               for name, task in ALL.items() for s in [getattr(pools, name)]}
     assert {k: placed[k] for k in ("data", "agents", "grading", "advantage")} == dict.fromkeys(
@@ -227,7 +227,7 @@ def test_stages_are_placed_by_their_pools(tmp_path):
     assert {k: placed[k] for k in ("rollout", "update", "evaluation")} == dict.fromkeys(
         ("rollout", "update", "evaluation"), "gpu")
     with temporary_settings({PREFECT_API_URL: None}), pytest.raises(ConfigError, match="PREFECT_API_URL"):
-        bound(tmp_path, orchestration)
+        placed_stages(orchestration)
 
 
 def test_local_submit_runs_now_and_returns_a_finished_future():
@@ -239,9 +239,9 @@ def test_local_submit_runs_now_and_returns_a_finished_future():
 
 
 def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
-    from pipeline.dispatch import bound
+    from pipeline.dispatch import placed_stages
 
-    stage = bound(tmp_path)
+    stage = placed_stages()
     ctx = StageContext(root=str(tmp_path), flow_run_id="f", fail_at="grading")
     with pytest.raises(Exception, match="fault injected in stage 'grading'"):
         stage.grade(ctx, load_cfg().grading, None, None, 3)

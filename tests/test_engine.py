@@ -2,6 +2,7 @@
 weight reload with versions, crash restart, shutdown."""
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -653,6 +654,29 @@ def test_a_client_that_fails_authentication_does_not_take_the_engine_down(tiny_m
         assert engine.generate(["x"], PARAMS, [1]) and engine.starts == 1 and engine.health()["pid"] == engine.pid
     finally:
         engine.close()
+
+
+def test_a_stage_generates_with_the_engines_its_context_hands_it(tiny_model_dir, tmp_path):
+    """The run's engine pool reaches a stage as ``StageContext.engines`` and nowhere else: with it, the agents'
+    runners are the pool's engines (one per owner, counted by the pool); without it, fresh backends."""
+    from mars2.config import AgentConfig
+    from pipeline.engines import engine_pool
+    from pipeline.stage import AgentWeights, StageContext, StageRecord
+    from pipeline.weights import agent_runners
+
+    weights = AgentWeights(model_dir=str(tiny_model_dir), tokenizer_dir=str(tiny_model_dir))
+    agents = StageRecord(stage="agents", key="k", dir=str(tmp_path), files={}, weights={"qwen_tiny": weights})
+    members = [AgentConfig(name="qwen_tiny", model=str(tiny_model_dir)),
+               AgentConfig(name="critic", model=str(tiny_model_dir), shares_weights_with="qwen_tiny")]
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
+    with engine_pool(BackendConfig(), ctx) as pool:
+        with_pool = agent_runners(members, {"qwen_tiny": agents}, agents, batch_size=2,
+                                  ctx=dataclasses.replace(ctx, engines=pool))
+        assert with_pool["qwen_tiny"].backend is with_pool["critic"].backend is pool.engines["qwen_tiny"]
+        assert pool.starts == 1
+        fresh = agent_runners(members, {"qwen_tiny": agents}, agents, batch_size=2, ctx=ctx)
+        assert not isinstance(fresh["qwen_tiny"].backend, EngineClient) and pool.starts == 1
+    assert with_pool["qwen_tiny"].backend.pid is None  # the pool stopped its engine with the run
 
 
 def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(tiny_model_dir):

@@ -1,4 +1,4 @@
-"""Cache keys and content-addressed artefact folders of the stage layer (no Prefect server needed)."""
+"""Cache keys and content-addressed artefact folders of the stage layer, the stages' one cache."""
 
 import os
 import shutil
@@ -11,13 +11,13 @@ from mars2.io import atomic_dir, atomic_write_text
 from pipeline.stage import (
     AgentWeights,
     MANIFEST,
-    RESULTS_DIR,
     StageContext,
     StageFault,
     StageRecord,
-    cache_key_fn,
+    current_parameters,
     run_stage,
     stage_digest,
+    stage_task,
 )
 
 MODS = ("mars2.rl",)
@@ -68,20 +68,32 @@ def test_run_stage_writes_manifest_reuses_folder_and_injects_faults(tmp_path):
     assert len(calls) == 1
 
 
-def test_a_cache_record_without_its_folder_is_deleted_before_prefect_can_use_it(tmp_path):
-    ctx = StageContext(root=str(tmp_path))
-    params = {"ctx": ctx, "x": 1}
-    key = cache_key_fn("s", MODS)
-    name = f"s-{stage_digest('s', MODS, params)}"
-    stale = tmp_path / RESULTS_DIR / name
-    stale.parent.mkdir()
-    stale.write_text("a record whose files are gone")
-    assert key(None, params) == name and not stale.exists()  # same key; stale record removed
-    rec = run_stage("s", MODS, ctx, params, lambda out: atomic_write_text(out / "a", "x") and None)
-    stale.write_text("the record Prefect writes after the run")
-    assert key(None, params) == name and stale.exists()  # folder present: the record is trusted
-    shutil.rmtree(rec.dir)
-    assert key(None, params) == name and not stale.exists()
+def test_the_stage_folder_is_the_only_cache_and_prefect_names_its_reuse_cached(tmp_path):
+    """A stage task reuses its folder in a later flow run (Prefect shows the task run as ``Cached``), keeps nothing
+    outside the run folder's stage folders, and runs again once its folder is gone."""
+    from prefect import flow
+
+    calls = []
+
+    @stage_task("s", task_run_name="s-{x}")
+    def s(ctx: StageContext, x: int) -> StageRecord:
+        def produce(out):
+            calls.append(x)
+            atomic_write_text(out / "a.txt", str(x))
+
+        return run_stage("s", MODS, ctx, current_parameters(), produce)
+
+    @flow
+    def cycle(flow_run_id: str) -> tuple[str, StageRecord]:
+        state = s(StageContext(root=str(tmp_path), flow_run_id=flow_run_id), 1, return_state=True)
+        return state.name, state.result()
+
+    (first, made), (second, reused) = cycle("run1"), cycle("run2")
+    assert (first, second) == ("Completed", "Cached") and reused == made and calls == [1]
+    assert made.flow_run_id == "run1" and [p.name for p in tmp_path.iterdir()] == ["artifacts"]
+    shutil.rmtree(made.dir)
+    third, remade = cycle("run3")
+    assert third == "Completed" and calls == [1, 1] and remade.flow_run_id == "run3"
 
 
 def test_upstream_records_enter_keys_by_key_and_file_hashes():
@@ -179,8 +191,6 @@ def test_large_files_are_fingerprinted_from_their_ends_small_ones_by_sha256(tmp_
 def test_an_altered_artefact_is_named_moved_aside_and_its_stage_runs_again(tmp_path, caplog):
     ctx = StageContext(root=str(tmp_path))
     params = {"ctx": ctx, "x": 1}
-    key = cache_key_fn("grading", MODS)
-    name = f"grading-{stage_digest('grading', MODS, params)}"
     calls = []
 
     def produce(out):
@@ -189,17 +199,13 @@ def test_an_altered_artefact_is_named_moved_aside_and_its_stage_runs_again(tmp_p
         atomic_write_text(out / "other.txt", "untouched")
 
     rec = run_stage("grading", MODS, ctx, params, produce)
-    record = tmp_path / RESULTS_DIR / name
-    record.parent.mkdir()
-    record.write_text("the record Prefect wrote")
-    assert key(None, params) == name and record.exists()  # intact: Prefect's record is trusted
+    assert run_stage("grading", MODS, ctx, params, produce) == rec and calls == [1]  # intact: reused
     rec.path("verdicts.parquet").write_text("rewards someone edited")
     with caplog.at_level("WARNING"):
-        assert key(None, params) == name and not record.exists()  # Prefect cannot hand on the altered record
+        again = run_stage("grading", MODS, ctx, params, produce)
     assert "verdicts.parquet (modified)" in caplog.text and "other.txt" not in caplog.text
     (aside,) = [p for p in (tmp_path / "artifacts" / "grading").iterdir() if ".altered-" in p.name]
     assert (aside / "verdicts.parquet").read_text() == "rewards someone edited"  # kept for a look, out of the way
-    again = run_stage("grading", MODS, ctx, params, produce)
     assert calls == [1, 1] and again.path("verdicts.parquet").read_text() == "the verdicts the stage computed"
 
 

@@ -1,14 +1,15 @@
 """Each stage's cache key holds the config fields it reads, no more: a change to a field a stage does not read is a
-cache hit for it (same key), a change to one it reads is a miss. Keys come from each task's own cache key function,
-as Prefect calls it."""
+cache hit for it (same key), a change to one it reads is a miss. Keys are each stage's digest of the parameters, as its
+task passes them to ``run_stage``."""
 
+import sys
 from dataclasses import replace
 
 import pytest
 
 from tasks import advantage, agents, bootstrap, evaluation, grading, rollout, update
 from pipeline.config import load_cfg, resolve
-from pipeline.stage import StageContext, StageRecord, narrowed
+from pipeline.stage import StageContext, StageRecord, narrowed, stage_digest
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,9 @@ def _record(stage: str) -> StageRecord:
 
 
 def _key(task, tmp_path, **params) -> str:
-    return task.cache_key_fn(None, {"ctx": StageContext(root=str(tmp_path)), **params})
+    stage = sys.modules[task.fn.__module__]
+    return stage_digest(stage.STAGE, stage.MODULES, {"ctx": StageContext(root=str(tmp_path)), **params},
+                        getattr(stage, "READS", None))
 
 
 def _member(cfg, i: int = 0, **changes):
@@ -39,7 +42,7 @@ def test_evaluation_keys_on_its_own_tree_settings_not_the_training_search(cfg, t
     of the training search (search.max_nodes=4) or of the agents' lr reuses the held-out evaluation."""
     def key(search=cfg.search, members=cfg.agents.members):
         return _key(evaluation.evaluate, tmp_path, evaluation=cfg.eval, search=search, grading=cfg.grading,
-                    backend=cfg.backend, members=members, weights={}, agents=_record("agents"),
+                    backend=cfg.backend, members=members, weight_records={}, agents=_record("agents"),
                     dataset=_record("data"), cycle=-1, max_problems=3)
 
     base = key()
@@ -72,7 +75,7 @@ def test_advantage_keys_on_shaping_and_routing_not_the_optimizer(cfg, tmp_path):
 def test_rollout_keys_on_the_whole_search_and_how_agents_generate(cfg, tmp_path):
     def key(search=cfg.search, members=cfg.agents.members):
         return _key(rollout.rollout, tmp_path, search=search, grading=cfg.grading, backend=cfg.backend,
-                    members=members, weights={}, agents=_record("agents"), dataset=_record("data"), cycle=0,
+                    members=members, weight_records={}, agents=_record("agents"), dataset=_record("data"), cycle=0,
                     max_problems=3, rotate=True)
 
     base = key()
@@ -111,8 +114,9 @@ def test_update_keys_ignore_how_many_optimizer_states_are_kept(cfg, tmp_path):
     member = cfg.agents.members[0]
 
     def key(train):
-        return _key(update.update_policy, tmp_path, member=member, train=train, profile={}, weights=_record("agents"),
-                    agents=_record("agents"), routed=_record("advantage"), cycle=0, temperature=1.0)
+        return _key(update.update_policy, tmp_path, member=member, train=train, profile={},
+                    weight_record=_record("agents"), agents=_record("agents"), routed=_record("advantage"), cycle=0,
+                    temperature=1.0)
 
     assert key(replace(cfg.train, keep_optimizer_states=3)) == key(cfg.train)
     assert key(replace(cfg.train, kl_coef=0.5)) != key(cfg.train)
@@ -123,3 +127,65 @@ def test_a_narrowed_config_keeps_what_is_read_and_defaults_the_rest(cfg):
     kept = narrowed(search, ("top_p",))
     assert kept.top_p == 0.5 and kept.max_nodes == type(search)().max_nodes
     assert [m.name for m in narrowed(cfg.agents.members, ("name",))] == [m.name for m in cfg.agents.members]
+
+
+# What a stage may import without hashing it: how it runs, not what it makes. Config values enter keys as values;
+# the rest is the stage layer itself, progress lines, engine lifetimes, the CPU split and which GPUs an update uses.
+RUN_ONLY = {"mars2.config": None, "mars2.cpu": None, "pipeline.stage": None, "pipeline.progress": None,
+            "pipeline.engines": None, "mars2.backends.base": {"visible_devices"}}
+PROJECT = ("mars2", "tasks", "pipeline")
+
+
+def _project_imports(module) -> dict[str, set[str]]:
+    """Project modules ``module``'s source imports, at its top or inside its functions → the names it takes from
+    each (``from m import x`` of a submodule ``m.x`` counts as importing ``m.x``)."""
+    import ast
+    import importlib.util
+    import inspect
+
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.setdefault(alias.name, set())
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if node.module.split(".")[0] in PROJECT and _is_package(node.module) and importlib.util.find_spec(sub):
+                    found.setdefault(sub, set())
+                else:
+                    found.setdefault(node.module, set()).add(alias.name)
+    return {m: names for m, names in found.items() if m.split(".")[0] in PROJECT}
+
+
+def _is_package(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name).submodule_search_locations is not None
+
+
+@pytest.mark.parametrize("name", ["advantage", "agents", "bootstrap", "checkpoints", "data", "evaluation", "gate",
+                                  "grading", "rollout", "update"])
+def test_every_stage_hashes_the_project_code_it_imports(name):
+    """A stage's code version (``MODULES``) covers every project module the stage imports, unless what it takes
+    from it only says how the stage runs (``RUN_ONLY``): editing code a stage runs re-runs the stage."""
+    import importlib
+
+    stage = importlib.import_module(f"tasks.{name}")
+
+    def hashed(module: str) -> bool:
+        return any(module == m or module.startswith(m + ".") for m in stage.MODULES)
+
+    def run_only(module: str, names: set[str]) -> bool:
+        allowed = RUN_ONLY.get(module, set())
+        return module in RUN_ONLY and (allowed is None or bool(names) and names <= allowed)
+
+    unhashed = {m: sorted(n) for m, n in _project_imports(stage).items() if not hashed(m) and not run_only(m, n)}
+    assert not unhashed, f"tasks.{name} imports {unhashed} but MODULES does not hash it"
+    assert hashed(stage.__name__)
+
+
+def test_the_import_check_sees_imports_inside_functions():
+    """The check above reads imports inside function bodies, where the stages import their heavy code."""
+    assert "mars2.search.run" in _project_imports(rollout)
+    assert _project_imports(update)["mars2.backends.base"] == {"visible_devices"}

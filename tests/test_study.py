@@ -177,7 +177,7 @@ def test_smoke_study_runs_every_arm_under_one_parent(tmp_path, run_flow_cli):
     from pipeline import tracking
     from pipeline.config import compose_run
 
-    final = tracking.final_weights(compose_run([f"paths.root={tmp_path}"]), grpo)
+    final = tracking.final_model_dirs(compose_run([f"paths.root={tmp_path}"]), grpo)
     assert params[(composed, "eval.checkpoints.qwen_tiny")] == final["qwen_tiny"]
     assert params[(composed, "agents.paradigm")] == "heterogeneous"
 

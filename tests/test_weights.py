@@ -146,10 +146,10 @@ def test_update_hands_on_a_complete_folder_and_fails_clearly_once_its_state_was_
     routed = _routed(ctx, agents.weights_of(OWNER).tokenizer_dir)
     train = TrainConfig(train_batch=2, micro_batch=2)
 
-    def update(weights: StageRecord, cycle: int) -> StageRecord:
+    def update(weight_record: StageRecord, cycle: int) -> StageRecord:
         return _run_task(update_stage, update_stage.update_policy, monkeypatch, ctx=ctx, member=member, train=train,
-                         profile={"zero_optimization": {"stage": 0}}, weights=weights, agents=agents, routed=routed,
-                         cycle=cycle, temperature=1.0)
+                         profile={"zero_optimization": {"stage": 0}}, weight_record=weight_record, agents=agents,
+                         routed=routed, cycle=cycle, temperature=1.0)
 
     first = update(agents, 0)
     w = first.weights_of(OWNER)
