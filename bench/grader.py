@@ -33,7 +33,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mars2.data import problem_from_lcb_row, read_jsonl_rows, toy_benchmark, toy_reference_solutions  # noqa: E402
-from mars2.sandbox import GradeJob, SandboxPool, grade_many_detailed  # noqa: E402
+from mars2.config import GradingConfig  # noqa: E402
+from mars2.sandbox import GradeJob, SandboxPool, grade_many  # noqa: E402
 from mars2.sandbox import lcb_reference as lcb  # noqa: E402
 
 LONG_TEST_S = 0.1  # a test this long is the program's own work: it costs the same in any harness
@@ -109,18 +110,18 @@ def run_ours(programs, workers: int, time_limit: float, parity: str, isolation: 
     try:
         # start every slot (a long-lived pool pays this once per process, not per batch)
         warm = [GradeJob("print(1)", (programs[0]["tests"][0].__class__("", "1"),))] * workers
-        grade_many_detailed(warm, executor=pool, parity=parity)
+        grade_many(warm, grading=GradingConfig(parity=parity), pool=pool)
         started = time.perf_counter()
-        graded = grade_many_detailed(jobs, executor=pool, time_limit_s=time_limit, parity=parity,
-                                     isolate_tests=isolate_tests)
+        graded = grade_many(jobs, grading=GradingConfig(time_limit_s=time_limit, parity=parity), pool=pool,
+                            isolate_tests=isolate_tests)
         elapsed = time.perf_counter() - started
         level = pool.level
         if stats is not None:
-            stats["times"] = [g.verdict.time_s for g in graded]
-            stats["long_cpu"] = [t.cpu_s for g in graded for t in g.tests if t.cpu_s >= LONG_TEST_S]
+            stats["times"] = [v.time_s for v in graded]
+            stats["long_cpu"] = [t.cpu_s for v in graded for t in v.tests if t.cpu_s >= LONG_TEST_S]
     finally:
         pool.close()
-    return elapsed, started - start, [g.verdict.all_passed for g in graded], [g.verdict.status for g in graded], level
+    return elapsed, started - start, [v.all_passed for v in graded], [v.status for v in graded], level
 
 
 def main(argv: list[str] | None = None) -> int:

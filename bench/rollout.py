@@ -153,6 +153,7 @@ def run(args, backend: str, *, heads: int) -> float:
 
     from mars2.backends import SamplingParams
     from mars2.backends.base import request_seed
+    from mars2.config import GradingConfig
     from mars2.data import problem_from_lcb_row, toy_benchmark
     from mars2.sandbox import GradeJob, grade_many
     from mars2.search.ab_mcts import ABMCTSA
@@ -169,7 +170,7 @@ def run(args, backend: str, *, heads: int) -> float:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
 
     def grade(jobs):
-        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], workers=2, time_limit_s=6)
+        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], grading=GradingConfig(workers=2))
 
     for runner in agents.values():  # warm-up: first-call overheads out of both timings
         runner.backend.generate([runner.chat("warm up")], SamplingParams(max_new_tokens=4))

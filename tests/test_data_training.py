@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data import ProblemRowError, load_deepcoder, problem_from_deepcoder_record, read_rows
 from mars2.data.deepcoder import record_id
 
@@ -66,12 +67,12 @@ def test_reference_programs_pass_the_converted_tests(loaded):
     problems, _ = loaded
     solutions = json.loads((FIXTURES / "solutions.json").read_text())
     jobs = [GradeJob(solutions[p.statement], p.public_tests + p.hidden_tests, p.func_name) for p in problems]
-    verdicts = grade_many(jobs, workers=2)
+    verdicts = grade_many(jobs, grading=GradingConfig(workers=2))
     assert [v.status for v in verdicts] == ["AC"] * len(problems)
     # and a wrong program fails them
     wrong = [GradeJob("print(0)\n" if p.testtype == "stdin" else f"def {p.func_name}(*a):\n    return None\n",
                       p.hidden_tests, p.func_name) for p in problems]
-    assert not any(v.all_passed for v in grade_many(wrong, workers=2))
+    assert not any(v.all_passed for v in grade_many(wrong, grading=GradingConfig(workers=2)))
 
 
 @pytest.mark.parametrize("row, needle", [

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data import gradable, load_humaneval, read_jsonl_rows
 from mars2.data import TestCase as Case
 from mars2.data.checks import PASS_MARKER, check_test
@@ -19,9 +20,10 @@ def job(code: str | None, tests, func_name=None) -> GradeJob:
     return GradeJob(*gradable(code, tests, func_name))
 
 
-def grade_one(code: str | None, tests, func_name=None, **kw):
+def grade_one(code: str | None, tests, func_name=None, **settings):
+    """``settings``: GradingConfig fields."""
     wrapped, tests, func_name = gradable(code, tests, func_name)
-    return grade_program(wrapped, tests, func_name=func_name, **kw)
+    return grade_program(wrapped, tests, func_name=func_name, grading=GradingConfig(**settings))
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ def test_check_harness_outcomes(mini):
         (half, "def half(x):\n    while True:\n        pass\n", "TLE"),
         (half, "", "NO_CODE"),
     ]
-    verdicts = grade_many([job(code, p.hidden_tests, p.func_name) for p, code, _ in cases], workers=2,
-                          time_limit_s=2.0)
+    verdicts = grade_many([job(code, p.hidden_tests, p.func_name) for p, code, _ in cases],
+                          grading=GradingConfig(workers=2, time_limit_s=2.0))
     assert [v.status for v in verdicts] == [want for _, _, want in cases]
     wa = verdicts[4].detail
     assert "check failed" in wa and "assert abs(candidate(x) - x / 2) < 1e-9" in wa
@@ -128,7 +130,7 @@ def test_humaneval_canonical_solutions_pass_164_of_164(humaneval):
             for p in problems]
     with_public = [p for p in problems if p.public_tests]
     public = [job(rows[p.id]["canonical_solution"], p.public_tests, p.func_name) for p in with_public]
-    verdicts = grade_many(body + full + public, workers=2, stop_at_first_failure=False)
+    verdicts = grade_many(body + full + public, grading=GradingConfig(workers=2, stop_at_first_failure=False))
     hidden_ok = [v.all_passed for v in verdicts[:328]]
     assert sum(hidden_ok[:164]) == 164 and sum(hidden_ok[164:]) == 164
     public_failed = {p.id: (v.passed, v.total) for p, v in zip(with_public, verdicts[328:]) if not v.all_passed}

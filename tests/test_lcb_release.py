@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data import build_dataset, data_files, filter_by_date, load_problems, read_rows
 from mars2.data.files import release_numbers
 from mars2.data.splits import contest_datetime
@@ -138,7 +139,7 @@ def test_fixture_problems_pass_with_a_correct_program():
                   for p in problems if p.func_name}
     jobs = [GradeJob(functional[p.func_name] if p.func_name else stdin, p.public_tests + p.hidden_tests, p.func_name)
             for p in problems if p.id in ("abc001_a", "1001", "2001")]
-    assert [v.status for v in grade_many(jobs, workers=2)] == ["AC", "AC", "AC"]
+    assert [v.status for v in grade_many(jobs, grading=GradingConfig(workers=2))] == ["AC", "AC", "AC"]
 
 
 # ------------------------------------------------------------------------------------------------ date window

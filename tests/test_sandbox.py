@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data.schema import TestCase as Case
 from mars2.sandbox import (
     GradeJob,
@@ -20,9 +21,7 @@ from mars2.sandbox import (
     SandboxPool,
     TestDataError,
     Verdict,
-    grade_detailed,
     grade_many,
-    grade_many_detailed,
     grade_program,
     isolation_params,
     probe_isolation,
@@ -44,8 +43,10 @@ def fn_case(inp: str, output: str) -> Case:
     return Case(inp, output, "functional")
 
 
-def both(code, tests, **kw) -> tuple[Verdict, Verdict]:
-    return grade_program(code, tests, parity="script", **kw), grade_program(code, tests, parity="lcb", **kw)
+def both(code, tests, func_name=None, **settings) -> tuple[Verdict, Verdict]:
+    """The verdicts in both parity modes; ``settings``: GradingConfig fields."""
+    return tuple(grade_program(code, tests, func_name=func_name, grading=GradingConfig(parity=parity, **settings))
+                 for parity in ("script", "lcb"))
 
 
 # --- stdin programs: verdicts and comparison ------------------------------------------------------
@@ -74,9 +75,9 @@ def test_later_failure_counts_earlier_passes_and_stop_option():
     tests = [Case("1 1", "2"), Case("2 2", "4"), Case("3 3", "7"), Case("4 4", "8")]
     v = grade_program(ADD, tests)
     assert (v.status, v.passed, v.total) == ("WA", 2, 4) and "test 3/4" in v.detail
-    g = grade_detailed(ADD, [Case("1 1", "2"), Case("3 3", "7"), Case("4 4", "9"), Case("5 5", "10")],
-                       stop_at_first_failure=False)
-    assert (g.verdict.status, g.verdict.passed) == ("WA", 2) and "test 2/4" in g.verdict.detail
+    g = grade_program(ADD, [Case("1 1", "2"), Case("3 3", "7"), Case("4 4", "9"), Case("5 5", "10")],
+                      grading=GradingConfig(stop_at_first_failure=False))
+    assert (g.status, g.passed) == ("WA", 2) and "test 2/4" in g.detail
     assert [t.status for t in g.tests] == ["AC", "WA", "WA", "AC"]
 
 
@@ -277,7 +278,7 @@ def test_lcb_mode_fails_where_livecodebench_does_when_a_program_breaks_what_its_
     code = "import io\nx = input()\nprint(x)\nio.StringIO = None\n"
     tests = [stdin_case("1", "1\n"), stdin_case("2", "2\n"), stdin_case("3", "3\n")]
     [(reference, _)] = lcb.evaluate_generations([lcb.lcb_sample(tests, None)], [code], num_process_evaluate=1)
-    ours = grade_program(code, tests, parity="lcb")
+    ours = grade_program(code, tests, grading=GradingConfig(parity="lcb"))
     assert reference == [True, -4]
     assert (ours.status, ours.passed) == ("RE", 1), ours
 
@@ -287,7 +288,7 @@ def test_lcb_mode_gives_a_verdict_when_the_input_fills_memory_before_the_program
     """A 20 MB input near the memory cap: making the test's mock_open() may itself run out of memory. That is the
     test's failure (as in LiveCodeBench, where it happens inside the test), never a sandbox fault."""
     tests = [stdin_case("20000000", "1 " * 10_000_000 + "\n")]
-    verdict = grade_program("print(len(input()))\n", tests, parity="lcb", memory_mb=memory_mb)
+    verdict = grade_program("print(len(input()))\n", tests, grading=GradingConfig(parity="lcb", memory_mb=memory_mb))
     assert verdict.status in ("AC", "MLE", "RE"), verdict
 
 def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
@@ -295,8 +296,8 @@ def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
 
     tests = [stdin_case(f"{i} {i}", f"{i}\n") for i in range(PREMADE_OPEN_MOCKS + 4)]
     # LiveCodeBench patches builtins.open (its preamble binds the program's own `open` to the real one)
-    verdict = grade_program("import builtins\nx = builtins.open(0).read().strip()\nprint(x, x)\n", tests, parity="lcb",
-                            stop_at_first_failure=False)
+    verdict = grade_program("import builtins\nx = builtins.open(0).read().strip()\nprint(x, x)\n", tests,
+                            grading=GradingConfig(parity="lcb", stop_at_first_failure=False))
     assert (verdict.status, verdict.passed) == ("AC", len(tests)), verdict
 
 # --- failures other than wrong answers -------------------------------------------------------------
@@ -335,9 +336,9 @@ def test_no_tests_is_never_a_pass():
 
 
 def test_time_limit_is_cpu_time_and_wall_clock_catches_sleepers():
-    v = grade_program("while True:\n    pass\n", ADD_TESTS, time_limit_s=0.5)
+    v = grade_program("while True:\n    pass\n", ADD_TESTS, grading=GradingConfig(time_limit_s=0.5))
     assert (v.status, v.passed) == ("TLE", 0) and "CPU time limit" in v.detail
-    v = grade_program("import time\ntime.sleep(30)\n", ADD_TESTS, time_limit_s=0.5)
+    v = grade_program("import time\ntime.sleep(30)\n", ADD_TESTS, grading=GradingConfig(time_limit_s=0.5))
     assert v.status == "TLE" and "wall-clock" in v.detail and v.time_s < 5
 
 
@@ -350,13 +351,14 @@ def test_rlimits_are_applied_in_the_child():
               r.getrlimit(r.RLIMIT_AS)[0] < (300 + 256) << 20)
         """
     )  # the address-space cap is the allowance plus what the zygote maps (numpy's too, once it served parity=lcb)
-    v = grade_program(code, [stdin_case(f"3 {16 << 20} 0 256 True True")], time_limit_s=2.5, memory_mb=300)
+    v = grade_program(code, [stdin_case(f"3 {16 << 20} 0 256 True True")],
+                      grading=GradingConfig(time_limit_s=2.5, memory_mb=300))
     assert v.all_passed, v
 
 
 def test_memory_hog_is_stopped_and_the_grader_survives():
     code = "blocks = []\nwhile True:\n    blocks.append(bytearray(10 ** 7))\n"
-    v = grade_program(code, [stdin_case("")], memory_mb=256)
+    v = grade_program(code, [stdin_case("")], grading=GradingConfig(memory_mb=256))
     assert v.status in ("MLE", "RE")
     if v.status == "MLE":
         assert "256 MiB" in v.detail
@@ -365,7 +367,7 @@ def test_memory_hog_is_stopped_and_the_grader_survives():
 
 def test_huge_output_is_capped():
     code = "import sys\nline = 'x' * 1023 + '\\n'\nwhile True:\n    sys.stdout.write(line)\n"
-    v = grade_program(code, [stdin_case("x")], time_limit_s=5)
+    v = grade_program(code, [stdin_case("x")], grading=GradingConfig(time_limit_s=5))
     assert v.status == "RE" and "output limit" in v.detail
 
 
@@ -445,7 +447,8 @@ def test_functional_top_level_function_and_json_types():
 def test_functional_missing_method_and_exceptions():
     v = grade_program("class Solution:\n    def g(self, x):\n        return x\n", [fn_case("1", "1")], func_name="f")
     assert v.status == "RE" and "no method 'f'" in v.detail
-    v = grade_program("class Solution:\n    def f(self, x):\n        return [][x]\n", [fn_case("1", "1")], func_name="f")
+    v = grade_program("class Solution:\n    def f(self, x):\n        return [][x]\n", [fn_case("1", "1")],
+                      func_name="f")
     assert v.status == "RE" and "IndexError" in v.detail
 
 
@@ -481,18 +484,20 @@ def test_grade_many_preserves_order_across_verdicts():
         GradeJob(TWO_SUM, (fn_case("[1, 2]\n3", "[0, 1]"),), func_name="twoSum"),
         GradeJob(ADD, ()),
     ]
-    verdicts = grade_many(jobs, workers=2, time_limit_s=0.5)
+    verdicts = grade_many(jobs, grading=GradingConfig(workers=2, time_limit_s=0.5))
     assert [v.status for v in verdicts] == ["TLE", "AC", "WA", "RE", "NO_CODE", "CE", "AC", "NO_TESTS"]
     assert [v.total for v in verdicts] == [1, 3, 3, 1, 1, 1, 1, 0]
     told = []
-    detailed = grade_many_detailed(jobs[:3], workers=2, time_limit_s=0.5, stop_at_first_failure=False,
-                                   progress=lambda done, total: told.append((done, total)))
+    detailed = grade_many(jobs[:3], grading=GradingConfig(workers=2, time_limit_s=0.5, stop_at_first_failure=False),
+                          progress=lambda done, total: told.append((done, total)))
     assert [len(g.tests) for g in detailed] == [1, 3, 3]
     assert told == [(1, 3), (2, 3), (3, 3)]  # a caller's display is told after each program
     told.clear()  # responses with no program are answered at once, and counted like the rest
-    mixed = grade_many_detailed(jobs[3:6], workers=2, time_limit_s=0.5, progress=lambda d, t: told.append((d, t)))
-    assert [g.verdict.status for g in mixed] == ["RE", "NO_CODE", "CE"] and told == [(1, 3), (2, 3), (3, 3)]
-    assert [v.status for v in grade_many([GradeJob("  ", (stdin_case("1"),)), GradeJob(None, ())])] == ["NO_CODE", "NO_TESTS"]
+    mixed = grade_many(jobs[3:6], grading=GradingConfig(workers=2, time_limit_s=0.5), progress=lambda d,
+                       t: told.append((d, t)))
+    assert [g.status for g in mixed] == ["RE", "NO_CODE", "CE"] and told == [(1, 3), (2, 3), (3, 3)]
+    assert [v.status for v in grade_many([GradeJob("  ", (stdin_case("1"),)), GradeJob(None, ())])] == ["NO_CODE",
+                                         "NO_TESTS"]
 
 
 def test_verdict_dict_round_trip():
@@ -530,14 +535,14 @@ def test_process_level_works_and_confines(tmp_path):
     pool = SandboxPool(1, "process")
     try:
         assert pool.level == "process"
-        assert grade_program(ADD, ADD_TESTS, executor=pool).all_passed
-        assert grade_program(ADD, ADD_TESTS, executor=pool, parity="lcb").all_passed
+        assert grade_program(ADD, ADD_TESTS, pool=pool).all_passed
+        assert grade_program(ADD, ADD_TESTS, grading=GradingConfig(parity="lcb"), pool=pool).all_passed
         leak = f"print(open({str(secret)!r}).read())"
         if probe_isolation()["landlock_abi"]:
-            assert grade_program(leak, [stdin_case("EXPECTED")], executor=pool).status == "RE"
+            assert grade_program(leak, [stdin_case("EXPECTED")], pool=pool).status == "RE"
         if probe_isolation()["seccomp"]:
             code = "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)\nprint('net')"
-            assert grade_program(code, [stdin_case("net")], executor=pool).status == "RE"
+            assert grade_program(code, [stdin_case("net")], pool=pool).status == "RE"
     finally:
         pool.close()
 
@@ -549,9 +554,9 @@ def test_the_zygote_loads_livecodebench_harness_only_when_a_parity_lcb_program_c
     show = "import sys\nprint('unittest.mock' in sys.modules, 'numpy' in sys.modules)\n"
     pool = SandboxPool(1)
     try:
-        script_before = grade_program(show, [stdin_case("False False")], executor=pool)
-        lcb = grade_program(show, [stdin_case("True True")], executor=pool, parity="lcb")
-        script_after = grade_program(show, [stdin_case("True True")], executor=pool)
+        script_before = grade_program(show, [stdin_case("False False")], pool=pool)
+        lcb = grade_program(show, [stdin_case("True True")], grading=GradingConfig(parity="lcb"), pool=pool)
+        script_after = grade_program(show, [stdin_case("True True")], pool=pool)
     finally:
         pool.close()
     assert script_before.all_passed, script_before
@@ -561,11 +566,11 @@ def test_the_zygote_loads_livecodebench_harness_only_when_a_parity_lcb_program_c
 def test_pool_restarts_a_dead_slot():
     pool = SandboxPool(1)
     try:
-        assert grade_program(ADD, ADD_TESTS, executor=pool).all_passed
+        assert grade_program(ADD, ADD_TESTS, pool=pool).all_passed
         slot = pool.slots[0]
         slot.proc.kill()
         slot.proc.wait()
-        assert grade_program(ADD, ADD_TESTS, executor=pool).all_passed
+        assert grade_program(ADD, ADD_TESTS, pool=pool).all_passed
         assert slot.starts == 2
     finally:
         pool.close()
@@ -664,8 +669,8 @@ def test_tests_of_one_program_are_independent():
     )
     expected = "False False None 50000 28 True 0"
     for isolate in (False, True):
-        g = grade_detailed(code, [stdin_case(expected)] * 4, isolate_tests=isolate)
-        assert g.verdict.all_passed and g.verdict.passed == 4, g.verdict
+        g = grade_program(code, [stdin_case(expected)] * 4, isolate_tests=isolate)
+        assert g.all_passed and g.passed == 4, g
 
 
 def test_a_crash_or_a_leftover_thread_gives_the_next_test_a_fresh_process():
@@ -687,5 +692,5 @@ def test_a_crash_or_a_leftover_thread_gives_the_next_test_a_fresh_process():
     )
     tests = [stdin_case("1 2", "1"), stdin_case("0 1", "0"), stdin_case("2", "2"), stdin_case("0 1", "0"),
              stdin_case("3", "3"), stdin_case("0 1", "0")]
-    g = grade_detailed(code, tests, stop_at_first_failure=False)
+    g = grade_program(code, tests, grading=GradingConfig(stop_at_first_failure=False))
     assert [t.status for t in g.tests] == ["AC", "AC", "RE", "AC", "RE", "AC"], g.tests

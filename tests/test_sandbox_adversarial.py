@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data.schema import TestCase as Case
-from mars2.sandbox import SandboxPool, grade_detailed, grade_program, probe_isolation
+from mars2.sandbox import SandboxPool, grade_program, probe_isolation
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -34,7 +35,7 @@ def pool(request):
     if request.param == "bwrap" and not probe_isolation().get("bwrap"):
         pytest.skip("bubblewrap cannot run here")
     p = SandboxPool(1, request.param)
-    assert grade_program(ADD, ADD_TESTS, executor=p).all_passed  # start the slot
+    assert grade_program(ADD, ADD_TESTS, pool=p).all_passed  # start the slot
     yield p
     p.close()
 
@@ -49,13 +50,14 @@ def leftovers(pool: SandboxPool, wait_s: float = 3.0) -> list[int]:
         time.sleep(0.05)
 
 
-def attack(pool: SandboxPool, code: str, *, expected: str = ATTACKED, inp: str = "", **kw):
-    """Grade ``code`` (which prints ``expected`` only if its attack worked); check the aftermath."""
+def attack(pool: SandboxPool, code: str, *, expected: str = ATTACKED, inp: str = "", **settings):
+    """Grade ``code`` (which prints ``expected`` only if its attack worked; ``settings``: GradingConfig fields);
+    check the aftermath."""
     starts = pool.slots[0].starts
-    v = grade_program(textwrap.dedent(code), [Case(inp, expected)], executor=pool, **kw)
+    v = grade_program(textwrap.dedent(code), [Case(inp, expected)], grading=GradingConfig(**settings), pool=pool)
     assert not v.all_passed, v
     assert leftovers(pool) == [], "a process of the graded program outlived its verdict"
-    assert grade_program(ADD, ADD_TESTS, executor=pool).all_passed, "the grader no longer works"
+    assert grade_program(ADD, ADD_TESTS, pool=pool).all_passed, "the grader no longer works"
     return v, pool.slots[0].starts - starts
 
 
@@ -106,7 +108,7 @@ def test_fork_bomb_is_capped_and_does_not_starve_the_next_program(pool):
         print(len(out))
         """
     )
-    assert grade_program(threads, [Case("", "16")], executor=pool).all_passed
+    assert grade_program(threads, [Case("", "16")], pool=pool).all_passed
 
 
 def test_memory_bomb(pool):
@@ -202,7 +204,7 @@ def test_env_secret_of_the_parent_is_not_readable(monkeypatch):
         if found:
             print({secret!r})
         """
-        v = grade_program(textwrap.dedent(code), [Case("", secret)], executor=fresh)
+        v = grade_program(textwrap.dedent(code), [Case("", secret)], pool=fresh)
         assert v.status == "WA", v
     finally:
         fresh.close()
@@ -287,12 +289,12 @@ def test_faking_a_pass(pool, tmp_path):
             """),
     }
     for name, code in attempts.items():
-        v = grade_program(code, [Case("some input", expected)], executor=pool)
+        v = grade_program(code, [Case("some input", expected)], pool=pool)
         assert v.status in ("WA", "RE"), (name, v)
     functional = "class Solution:\n    def f(self, x):\n        class Any:\n            def __eq__(self, o):\n" \
                  "                return True\n        import json\n        json.dumps = lambda *a, **k: 'broken'\n" \
                  "        return Any()\n"
-    v = grade_program(functional, [Case("1", f'"{expected}"', "functional")], func_name="f", executor=pool)
+    v = grade_program(functional, [Case("1", f'"{expected}"', "functional")], func_name="f", pool=pool)
     assert v.status in ("WA", "RE"), v
     assert leftovers(pool) == []
 
@@ -371,8 +373,9 @@ def test_lcb_parity_is_sandboxed_too(pool):
     """
     v, _ = attack(pool, code, time_limit_s=1, parity="lcb")
     assert v.status == "TLE"
-    g = grade_detailed("import os\nos.kill(os.getppid(), 9)\nprint(1)", [Case("", "1")], parity="lcb", pool=pool)
-    assert not g.verdict.all_passed  # LiveCodeBench's guard sets os.kill to None
+    g = grade_program("import os\nos.kill(os.getppid(), 9)\nprint(1)", [Case("", "1")],
+                      grading=GradingConfig(parity="lcb"), pool=pool)
+    assert not g.all_passed  # LiveCodeBench's guard sets os.kill to None
 
 
 def test_breaking_the_runner_between_tests_only_fails_the_program(pool):
@@ -388,7 +391,7 @@ def test_breaking_the_runner_between_tests_only_fails_the_program(pool):
     """
     tests = [Case("1", "1"), Case("2", "2"), Case("3", "3")]
     for parity in ("script", "lcb"):
-        v = grade_program(textwrap.dedent(code), tests, executor=pool, parity=parity)
+        v = grade_program(textwrap.dedent(code), tests, grading=GradingConfig(parity=parity), pool=pool)
         assert v.status in ("AC", "RE", "WA"), v  # a verdict, not an exception
     assert leftovers(pool) == []
-    assert grade_program(ADD, ADD_TESTS, executor=pool).all_passed
+    assert grade_program(ADD, ADD_TESTS, pool=pool).all_passed

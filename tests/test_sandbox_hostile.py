@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data.schema import TestCase as Case
-from mars2.sandbox import GradeJob, SandboxPool, grade_detailed, grade_many, grade_many_detailed, probe_isolation
+from mars2.sandbox import GradeJob, SandboxPool, grade_many, probe_isolation
 from mars2.sandbox import isolation
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,15 +47,16 @@ def pool(request):
     if not _level_available(request.param):
         pytest.skip("bubblewrap cannot run here")
     p = SandboxPool(1, request.param)
-    assert grade_many([GradeJob(ADD, ADD_TESTS)], executor=p)[0].all_passed
+    assert grade_many([GradeJob(ADD, ADD_TESTS)], pool=p)[0].all_passed
     yield p
     p.close()
 
 
-def _honest_around(pool: SandboxPool, hostile: str, tests=ADD_TESTS, **kw):
-    """Grade [honest, hostile, honest] in one batch: three rows must come back, the honest ones passing."""
+def _honest_around(pool: SandboxPool, hostile: str, tests=ADD_TESTS, isolate_tests: bool = False, **settings):
+    """Grade [honest, hostile, honest] in one batch (``settings``: GradingConfig fields): three rows must come back,
+    the honest ones passing."""
     rows = grade_many([GradeJob(ADD, ADD_TESTS), GradeJob(textwrap.dedent(hostile), tests), GradeJob(ADD, ADD_TESTS)],
-                      executor=pool, **kw)
+                      grading=GradingConfig(**settings), pool=pool, isolate_tests=isolate_tests)
     assert len(rows) == 3
     assert rows[0].all_passed and rows[2].all_passed, rows
     return rows[1]
@@ -172,7 +174,8 @@ def test_later_copies_cannot_learn_hidden_answers_from_earlier_ones(pool):
     failure) would, with any state that survives between programs, pass every copy after its first right guess.
     With nothing surviving, every copy makes the same first guess ("0") and none passes (the answer is 7)."""
     tests = (Case("secret\n", "7"), Case("echo\n", "echo"))
-    verdicts = grade_many([GradeJob(textwrap.dedent(LEARNER), tests)] * 12, executor=pool, stop_at_first_failure=True)
+    verdicts = grade_many([GradeJob(textwrap.dedent(LEARNER), tests)] * 12,
+                          grading=GradingConfig(stop_at_first_failure=True), pool=pool)
     assert [v.passed for v in verdicts] == [0] * 12, [v.detail for v in verdicts]
 
 
@@ -201,8 +204,8 @@ def test_files_left_by_one_program_are_invisible_to_the_next(pool):
                 pass
         print("ATTACK-SUCCEEDED" if seen else "clean")
         """
-    grade_many([GradeJob(textwrap.dedent(writer), (Case("", "0"),))], executor=pool)
-    [verdict] = grade_many([GradeJob(textwrap.dedent(reader), (Case("", "clean"),))], executor=pool)
+    grade_many([GradeJob(textwrap.dedent(writer), (Case("", "0"),))], pool=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(reader), (Case("", "clean"),))], pool=pool)
     assert verdict.all_passed, verdict.detail
     assert _slot_scratch_entries(pool) == [], "a program's scratch folder outlived its verdict"
 
@@ -218,7 +221,7 @@ def test_scratch_folders_are_private_and_unguessable(pool):
         print("ATTACK-SUCCEEDED" if listed is not None or os.path.basename(os.path.dirname(here)).startswith("w")
               else "private")
         """
-    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "private"),))], executor=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "private"),))], pool=pool)
     assert verdict.all_passed, verdict.detail
 
 
@@ -282,7 +285,7 @@ def test_nothing_outside_the_sandbox_can_be_changed(pool, tmp_path):
     victim.chmod(0o644)
     stat = victim.stat()
     [verdict] = grade_many([GradeJob(textwrap.dedent(OUTSIDE), (Case(f"{os.getpid()}\n{victim}\n", "none"),))],
-                           executor=pool)
+                           pool=pool)
     assert verdict.all_passed, verdict.detail  # "got" lists what the program could do
     assert (resource.getrlimit(resource.RLIMIT_CORE), os.getpriority(os.PRIO_PROCESS, 0),
             os.sched_getaffinity(0)) == before
@@ -304,7 +307,7 @@ def test_a_program_can_still_change_its_own_limits_and_priority(pool):
         w.send(b"ok")
         print(r.recv(2).decode())
         """
-    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "ok"),))], executor=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "ok"),))], pool=pool)
     assert verdict.all_passed, verdict.detail
 
 
@@ -330,7 +333,7 @@ def test_host_unix_sockets_are_unreachable(pool, tmp_path):
             print("refused", type(e).__name__)
         """
     try:
-        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", ATTACKED),))], executor=pool)
+        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", ATTACKED),))], pool=pool)
         assert verdict.status == "WA" and "refused" in verdict.detail, verdict.detail
         with pytest.raises(OSError):
             listener.accept()
@@ -390,7 +393,7 @@ def test_a_program_within_the_quotas_can_use_files(pool):
             open(f"t{i}", "w").close()
         print(len(open("sub/dir/a.txt").read()) + len(os.listdir(".")))
         """
-    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "100021"),), )], executor=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "100021"),), )], pool=pool)
     assert verdict.all_passed, verdict.detail
 
 
@@ -452,7 +455,8 @@ def test_lone_surrogates_name_the_job_in_the_library():
     from mars2.sandbox import TestDataError
 
     with pytest.raises(TestDataError, match=r"job 1, test 1: .*surrogate"):
-        grade_many([GradeJob(ADD, ADD_TESTS), GradeJob(ADD, (Case("\ud800", "1"),))], isolation="process")
+        grade_many([GradeJob(ADD, ADD_TESTS), GradeJob(ADD, (Case("\ud800", "1"),))],
+                   grading=GradingConfig(isolation="process"))
 
 
 @pytest.mark.parametrize("flags,word", [
@@ -483,9 +487,9 @@ def test_a_broken_slot_loses_no_rows(how):
     else:
         broken.zygote_config = lambda: (_ for _ in ()).throw(BlockingIOError(11, "Resource temporarily unavailable"))
     try:
-        graded = grade_many_detailed([GradeJob(ADD, ADD_TESTS)] * 8, executor=pool)
+        graded = grade_many([GradeJob(ADD, ADD_TESTS)] * 8, pool=pool)
         assert len(graded) == 8
-        statuses = {(g.verdict.status, "sandbox failure" in g.verdict.detail) for g in graded}
+        statuses = {(g.status, "sandbox failure" in g.detail) for g in graded}
         assert statuses <= {("AC", False), ("RE", True)}, statuses
         assert ("AC", False) in statuses and ("RE", True) in statuses
         assert pool.failures >= 1
@@ -511,8 +515,8 @@ BURN = """
 
 
 def _printed(pool, code):
-    [graded] = grade_many_detailed([GradeJob(textwrap.dedent(code), (Case("", "?"),))], executor=pool)
-    return graded.verdict.detail.split("got: ")[-1].strip("'\\n")
+    [graded] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "?"),))], pool=pool)
+    return graded.detail.split("got: ")[-1].strip("'\\n")
 
 
 def test_pids_and_inode_numbers_carry_nothing_from_one_program_to_the_next(pool):
@@ -523,7 +527,7 @@ def test_pids_and_inode_numbers_carry_nothing_from_one_program_to_the_next(pool)
     pids, inodes = [], []
     for burn in (False, True, False, True):
         if burn:
-            grade_many([GradeJob(textwrap.dedent(BURN), (Case("", "1"),))], executor=pool)
+            grade_many([GradeJob(textwrap.dedent(BURN), (Case("", "1"),))], pool=pool)
         pids.append(int(_printed(pool, PID)))
         inodes.append(int(_printed(pool, INODE)))
     assert len(set(inodes)) == 1, inodes  # a fresh filesystem each time
@@ -540,7 +544,7 @@ def test_the_zygote_is_invisible_to_programs(pool):
             others = []
         print("hidden" if not others else f"sees {sorted(others)[:5]}")
         """
-    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "hidden"),))], executor=pool)
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "hidden"),))], pool=pool)
     assert verdict.all_passed, verdict.detail
 
 
@@ -602,8 +606,8 @@ def test_a_stuck_sandbox_dies_with_its_pool():
     p = SandboxPool(1, "bwrap")
     try:
         big = "x" * 200_000
-        grade_many([GradeJob(textwrap.dedent(STALL), (Case("ok\n", "ok"), Case(big + "\n", big)))], executor=p,
-                   time_limit_s=1)
+        grade_many([GradeJob(textwrap.dedent(STALL), (Case("ok\n", "ok"), Case(big + "\n", big)))],
+                   grading=GradingConfig(time_limit_s=1), pool=p)
         uid = p.slots[0].lease.uid if p.slots[0].lease is not None else None
     finally:
         p.close()
@@ -648,7 +652,8 @@ def test_return_values_that_would_cost_the_grader_minutes_are_refused_fast():
     assert isinstance(decode_value(colliding), Opaque)
     assert clock.thread_time() - start < 1  # building the dict would take minutes
     code = "class Solution:\n    def f(self, x):\n        return [[] for _ in range(2_000_000)]\n"
-    [verdict] = grade_many([GradeJob(code, (Case("1", "[]", "functional"),), "f")], isolation="process")
+    [verdict] = grade_many([GradeJob(code, (Case("1", "[]", "functional"),), "f")],
+                           grading=GradingConfig(isolation="process"))
     assert verdict.status == "WA" and "far larger" in verdict.detail
 
 
@@ -669,7 +674,7 @@ def test_program_directories_stay_listable_when_tests_share_the_grader_uid():
             os.mkdir("ok", 0o755)
             print(refused)
             """
-        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "2"),))], executor=p)
+        [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "2"),))], pool=p)
         assert verdict.all_passed, verdict.detail
     finally:
         p.close()
@@ -680,7 +685,8 @@ def test_deeply_nested_expected_json_is_test_data_error():
 
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(TestDataError, match="job 0, test 1"):
-        grade_many([GradeJob("x = 1", (Case("1", deep, "functional"),), "f")], isolation="process")
+        grade_many([GradeJob("x = 1", (Case("1", deep, "functional"),), "f")],
+                   grading=GradingConfig(isolation="process"))
 
 
 def _uid_processes(uid: int) -> list[int]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data import problem_from_lcb_row, read_jsonl_rows
-from mars2.sandbox import GradeJob, SandboxPool, grade_many, grade_many_detailed
+from mars2.sandbox import GradeJob, SandboxPool, grade_many
 from mars2.sandbox import lcb_reference as lcb
 
 # programs whose verdict depends on LiveCodeBench's harness quirks (script mode passes them, LCB fails them)
@@ -76,7 +77,8 @@ def test_o1_mini_official_verdicts_on_public_tests(lcb_v5):
     assert failures == []
     timed_out = [s for s, v in official_pass if v.status == "TLE"]
     assert len(timed_out) <= SLOW_MACHINE_TIMEOUTS_ALLOWED, [s["question_id"] for s in timed_out]
-    regraded = grade_many(_jobs(problems, timed_out), time_limit_s=6.0 * SLOW_MACHINE_TIME_FACTOR)
+    regraded = grade_many(_jobs(problems, timed_out),
+                          grading=GradingConfig(time_limit_s=6.0 * SLOW_MACHINE_TIME_FACTOR))
     assert [(s["question_id"], v.status) for s, v in zip(timed_out, regraded, strict=True) if not v.all_passed] == []
     false_passes = sum(v.all_passed for _, v in official_fail)
     assert false_passes <= LCB_FAITHFUL_FALSE_PASSES
@@ -92,9 +94,9 @@ def test_lcb_parity_agrees_with_lcb_own_harness_on_quirky_and_sample_programs(lc
                                                                          num_process_evaluate=2)]
     pool = SandboxPool(2)
     try:
-        ours = [g.verdict.all_passed for g in grade_many_detailed(_jobs(problems, chosen), executor=pool, parity="lcb")]
-        script = [g.verdict.all_passed for g in grade_many_detailed(_jobs(problems, chosen[:len(QUIRK_PROGRAMS)]),
-                                                                     executor=pool)]
+        ours = [g.all_passed
+                for g in grade_many(_jobs(problems, chosen), grading=GradingConfig(parity="lcb"), pool=pool)]
+        script = [g.all_passed for g in grade_many(_jobs(problems, chosen[:len(QUIRK_PROGRAMS)]), pool=pool)]
     finally:
         pool.close()
     disagree = [(s["question_id"], r, o) for s, r, o in zip(chosen, reference, ours, strict=True) if r != o]

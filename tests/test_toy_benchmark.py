@@ -12,6 +12,7 @@ from datetime import datetime
 
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.data import problem_from_lcb_row, toy_benchmark, toy_reference_solutions
 from mars2.data.toy import N_TEMPLATES, TEMPLATE_NAMES
 
@@ -127,7 +128,7 @@ def test_reference_solutions_pass_all_tests_in_the_sandbox():
 
     rows = toy_benchmark(N_GRADED, seed=0)
     sols = toy_reference_solutions(N_GRADED, seed=0)
-    verdicts = grade_many(_jobs(rows, sols), workers=2)
+    verdicts = grade_many(_jobs(rows, sols), grading=GradingConfig(workers=2))
     assert len(verdicts) == len(rows)
     failed = [(r["question_id"], r["question_title"], v) for r, v in zip(rows, verdicts) if not v.all_passed]
     assert failed == []
@@ -153,7 +154,7 @@ def test_wrong_solutions_fail_in_the_sandbox():
                 f"        r = super().{p.func_name}(*args)\n"
                 "        return [r] if not isinstance(r, list) else r[::-1] + [0]\n"
             )
-    verdicts = grade_many(_jobs(rows, wrong), workers=2)
+    verdicts = grade_many(_jobs(rows, wrong), grading=GradingConfig(workers=2))
     passed = [r["question_id"] for r, v in zip(rows, verdicts) if v.all_passed]
     assert passed == []
     # they fail on their outputs or by crashing on a foreign input format, never by not compiling
@@ -166,7 +167,7 @@ def test_grader_rejects_empty_program():
 
     rows = toy_benchmark(4, seed=5)
     codes = {r["question_id"]: "pass\n" for r in rows}
-    assert not any(v.all_passed for v in grade_many(_jobs(rows, codes), workers=2))
+    assert not any(v.all_passed for v in grade_many(_jobs(rows, codes), grading=GradingConfig(workers=2)))
 
 
 @pytest.mark.parametrize("n", [0, 1, 7])

@@ -6,6 +6,7 @@ import time
 import pandas as pd
 import pytest
 
+from mars2.config import GradingConfig
 from mars2.backends import SamplingParams
 from mars2.backends.transformers_backend import load_transformers_backend
 from mars2.data import problem_from_lcb_row, toy_benchmark
@@ -34,7 +35,8 @@ def setup(tiny_model_dir):
 
     def grade(jobs):
         seen_tests.extend(t for _, t, _ in jobs)
-        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], workers=2, time_limit_s=2)
+        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs],
+                          grading=GradingConfig(workers=2, time_limit_s=2))
 
     agents = {"a": AgentRunner(CountingBackend(backend), tok, "role A"),
               "b": AgentRunner(CountingBackend(backend), tok, "role B")}
@@ -216,7 +218,8 @@ def test_a_trees_history_does_not_depend_on_which_trees_share_its_batches(tiny_m
     agents = {"a": AgentRunner(backend, tok, "role A"), "b": AgentRunner(backend, tok, "role B")}
 
     def grade(jobs):
-        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], workers=2, time_limit_s=2)
+        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs],
+                          grading=GradingConfig(workers=2, time_limit_s=2))
 
     def search(group):
         rows = run_tree_search(group, agents, policy=ABMCTSA(), max_nodes=4, grade=grade, seed=0,

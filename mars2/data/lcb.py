@@ -174,55 +174,9 @@ def problem_from_lcb_row(row: dict[str, Any]) -> Problem:
         where = f" at line {row[LINE_KEY]}" if LINE_KEY in row else ""
         detail = row.get("__error__", "not a JSON object")
         raise ProblemRowError(f"problem row{where}: field '<line>': malformed JSONL line ({detail})")
-    for f in _REQUIRED_FIELDS:
-        if f not in row:
-            raise _err(qid, f, "missing field")
-        if not isinstance(row[f], str):
-            raise _err(qid, f, f"expected a string, got {type(row[f]).__name__}")
-    if not row["question_id"].strip():
-        raise _err(qid, "question_id", "empty question_id")
-    fields: dict[str, str] = {}
-    for f, default in _OPTIONAL_FIELDS.items():
-        v = row.get(f, default)
-        if v is None:
-            v = default
-        if not isinstance(v, str):
-            raise _err(qid, f, f"expected a string, got {type(v).__name__}")
-        fields[f] = v
-
-    try:
-        public_raw = json.loads(row["public_test_cases"])
-    except (ValueError, RecursionError) as e:
-        raise _err(qid, "public_test_cases", f"not valid JSON ({e})") from None
-    if not isinstance(public_raw, list):
-        raise _err(qid, "public_test_cases", f"expected a JSON list, got {type(public_raw).__name__}")
-    try:
-        hidden_raw = decode_private_tests(row["private_test_cases"])
-    except (ValueError, RecursionError, MemoryError) as e:
-        raise _err(qid, "private_test_cases", f"cannot decode ({e})") from None
-    public = _parse_tests(qid, "public_test_cases", public_raw)
-    hidden = _parse_tests(qid, "private_test_cases", hidden_raw)
-    if not public and not hidden:
-        raise _err(qid, "public_test_cases", "no tests: public and private test lists are both empty")
-
-    types = {t.testtype for t in public + hidden}
-    if len(types) != 1:
-        raise _err(qid, "public_test_cases", f"mixed test types {sorted(types)} in one problem")
-    testtype = types.pop()
-
-    try:
-        metadata = json.loads(fields["metadata"] or "{}")
-    except (ValueError, RecursionError) as e:
-        raise _err(qid, "metadata", f"not valid JSON ({e})") from None
-    if not isinstance(metadata, dict):
-        raise _err(qid, "metadata", f"expected a JSON object, got {type(metadata).__name__}")
-    func_name = metadata.get("func_name")
-    if testtype == "functional":
-        if not isinstance(func_name, str) or not func_name.strip():
-            raise _err(qid, "metadata", "functional problem without a func_name")
-        func_name = func_name.strip()
-    else:
-        func_name = None
+    fields = _row_fields(qid, row)
+    public, hidden, testtype = _row_tests(qid, row)
+    func_name, metadata = _row_metadata(qid, fields["metadata"], testtype)
 
     date = fields["contest_date"]
     if date:
@@ -248,6 +202,64 @@ def problem_from_lcb_row(row: dict[str, Any]) -> Problem:
         )
     except ProblemRowError as e:
         raise _err(qid, "metadata", str(e)) from None
+
+
+def _row_fields(qid: str, row: dict[str, Any]) -> dict[str, str]:
+    """The row's optional string fields (their defaults where absent or null), after checking its required ones."""
+    for f in _REQUIRED_FIELDS:
+        if f not in row:
+            raise _err(qid, f, "missing field")
+        if not isinstance(row[f], str):
+            raise _err(qid, f, f"expected a string, got {type(row[f]).__name__}")
+    if not row["question_id"].strip():
+        raise _err(qid, "question_id", "empty question_id")
+    fields: dict[str, str] = {}
+    for f, default in _OPTIONAL_FIELDS.items():
+        v = row.get(f, default)
+        if v is None:
+            v = default
+        if not isinstance(v, str):
+            raise _err(qid, f, f"expected a string, got {type(v).__name__}")
+        fields[f] = v
+    return fields
+
+
+def _row_tests(qid: str, row: dict[str, Any]) -> tuple[tuple[TestCase, ...], tuple[TestCase, ...], str]:
+    """(public tests, hidden tests, their one test type); at least one test in all."""
+    try:
+        public_raw = json.loads(row["public_test_cases"])
+    except (ValueError, RecursionError) as e:
+        raise _err(qid, "public_test_cases", f"not valid JSON ({e})") from None
+    if not isinstance(public_raw, list):
+        raise _err(qid, "public_test_cases", f"expected a JSON list, got {type(public_raw).__name__}")
+    try:
+        hidden_raw = decode_private_tests(row["private_test_cases"])
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise _err(qid, "private_test_cases", f"cannot decode ({e})") from None
+    public = _parse_tests(qid, "public_test_cases", public_raw)
+    hidden = _parse_tests(qid, "private_test_cases", hidden_raw)
+    if not public and not hidden:
+        raise _err(qid, "public_test_cases", "no tests: public and private test lists are both empty")
+    types = {t.testtype for t in public + hidden}
+    if len(types) != 1:
+        raise _err(qid, "public_test_cases", f"mixed test types {sorted(types)} in one problem")
+    return public, hidden, types.pop()
+
+
+def _row_metadata(qid: str, text: str, testtype: str) -> tuple[str | None, dict[str, Any]]:
+    """(func_name, the parsed ``metadata`` JSON): a functional problem must name its function, others have none."""
+    try:
+        metadata = json.loads(text or "{}")
+    except (ValueError, RecursionError) as e:
+        raise _err(qid, "metadata", f"not valid JSON ({e})") from None
+    if not isinstance(metadata, dict):
+        raise _err(qid, "metadata", f"expected a JSON object, got {type(metadata).__name__}")
+    func_name = metadata.get("func_name")
+    if testtype != "functional":
+        return None, metadata
+    if not isinstance(func_name, str) or not func_name.strip():
+        raise _err(qid, "metadata", "functional problem without a func_name")
+    return func_name.strip(), metadata
 
 
 def duplicate_error(qid: str, first: tuple[str, Any], source: str) -> ProblemRowError:

@@ -74,6 +74,12 @@ def _source_errors(data: Any, files: bool = True) -> list[tuple[str, str]]:
             except (ValueError, FileNotFoundError) as e:
                 errors.append((f"data.release={data.release!r}: {e}",
                                "Tags: release_v1..release_v6, release_latest (cumulative), v5, v4_v5 (single/range)."))
+    return errors + _window_errors(data) + _split_errors(data, files)
+
+
+def _window_errors(data: Any) -> list[tuple[str, str]]:
+    """The contest-date window (``start_date`` ≤ contest_date ≤ ``end_date``)."""
+    errors: list[tuple[str, str]] = []
     start = end = None
     for name in ("start_date", "end_date"):
         try:
@@ -85,6 +91,12 @@ def _source_errors(data: Any, files: bool = True) -> list[tuple[str, str]]:
     if start is not None and end is not None and start > end:
         errors.append((f"data.start_date={data.start_date} is after data.end_date={data.end_date}",
                        "The window keeps start_date <= contest_date <= end_date."))
+    return errors
+
+
+def _split_errors(data: Any, files: bool) -> list[tuple[str, str]]:
+    """How the problems split into train and eval (``data.split`` and the field it needs)."""
+    errors: list[tuple[str, str]] = []
     if data.split not in SPLITS:
         errors.append((f"data.split={data.split!r} is unknown", f"Allowed: {', '.join(SPLITS)}."))
     elif data.split == "hash" and not 0 < data.eval_fraction < 1:

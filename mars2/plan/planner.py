@@ -366,9 +366,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
     agents: list[AgentPlan] = []
     node_host: dict[int, int] = {}
     node_agents: dict[int, list[int]] = {}
-    for m in members:
-        if m.shares_weights_with is not None:
-            continue
+    for m in cfg.agents.owners:
         roles = [x.name for x in members if (x.shares_weights_with or x.name) == m.name]
         shape = model_shape(m.model, m.tiny)
         dtype_bytes = DTYPE_BYTES[m.dtype]
@@ -380,13 +378,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
             warnings += one_gpu_zero2_hint(shape, m, members.index(m), cfg, profile, dtype_bytes, seq_len)
         if on_gpu and m.gpus < 1:
             warnings.insert(0, "gpus=0 on a CUDA device: planned as 1 GPU")
-        zero_opts = {}
-        if on_gpu:
-            per_node, nodes = _ranks_layout(n, p.gpus_per_node)
-            for label, stage, opt, par in ZERO_OPTIONS:
-                zero_opts[label] = zero_model_states(stage, shape.params, shape.largest_layer, gpus_per_node=per_node,
-                                                     nodes=nodes, offload_optimizer=opt, offload_param=par,
-                                                     zero_init=True, buffer_factor=p.ds_buffer_factor).gpu_bytes
+        zero_opts = _zero_options(shape, n, p) if on_gpu else {}
         gmin = min_gpus(shape, m, cfg, profile, dtype_bytes=dtype_bytes, seq_len=seq_len) if on_gpu else None
         if on_gpu and reasons:
             reasons.append(f"with {profile.label} it needs at least {gmin} GPUs" if gmin is not None else
@@ -418,6 +410,15 @@ def plan(cfg: RunConfig) -> ClusterPlan:
     used = sum(a.gpus for a in agents if a.update_spans)
     return ClusterPlan(cluster=p, preset=cfg.agents.preset, agents=agents, node_host_bytes=node_host, used_gpus=used,
                        gpu_memory_utilization=cfg.backend.gpu_memory_utilization, reasons=reasons)
+
+
+def _zero_options(shape: ModelShape, gpus: int, p: PlanConfig) -> dict[str, int]:
+    """Each ZeRO option's model states per GPU (DeepSpeed's estimators) for an agent on ``gpus`` GPUs."""
+    per_node, nodes = _ranks_layout(gpus, p.gpus_per_node)
+    return {label: zero_model_states(stage, shape.params, shape.largest_layer, gpus_per_node=per_node, nodes=nodes,
+                                     offload_optimizer=opt, offload_param=par, zero_init=True,
+                                     buffer_factor=p.ds_buffer_factor).gpu_bytes
+            for label, stage, opt, par in ZERO_OPTIONS}
 
 
 def require_fit(cp: ClusterPlan) -> ClusterPlan:

@@ -24,11 +24,30 @@ def fmt_params(n: float) -> str:
 
 
 def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
-    c, s = cp.cluster, a.shape
     t = Table(title=f"agent {a.name}" + (f"  (roles: {', '.join(a.roles)})" if len(a.roles) > 1 else ""),
               title_justify="left", show_header=False, expand=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
+    _model_rows(t, a)
+    _update_rows(t, a, cp)
+    _rollout_rows(t, a, cp)
+    if a.device == "cuda":
+        need = a.gpus_min if a.gpus_min is not None else "none fits"
+        t.add_row("GPUs", f"{a.gpus} configured, {need} needed with {a.profile.label}")
+        t.add_row("placement", f"rollout {_spans(a.rollout.spans)}  ·  update {_spans(a.update_spans)} "
+                               f"[dim](phases alternate on the same GPUs)[/dim]")
+    else:
+        t.add_row("placement", "CPU (rollout and update in the flow's process)")
+    for w in a.warnings:
+        t.add_row(Text("warning", style="yellow"), Text(w, style="yellow"))
+    t.add_row("verdict", Text("fits", style="bold green") if a.fits else
+              Text("DOES NOT FIT: " + "; ".join(a.reasons), style="bold red"))
+    return t
+
+
+def _model_rows(t: Table, a: AgentPlan) -> None:
+    """The model: architecture, parameter count, weights, DeepSpeed profile."""
+    s = a.shape
     t.add_row("model", f"{s.name}  [dim]({s.source})[/dim]")
     t.add_row("architecture", f"{s.architecture}: {s.num_layers} layers, hidden {s.hidden_size}, MLP "
                               f"{s.intermediate_size}, heads {s.num_heads} ({s.num_kv_heads} KV) x {s.head_dim}, "
@@ -44,7 +63,11 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
     p = a.profile
     t.add_row("DeepSpeed", f"{p.name}: {p.label}, bf16 {'on' if p.bf16 else 'off'}, gradient checkpointing "
                            f"{'on' if p.gradient_checkpointing else 'off'}")
-    u = a.update
+
+
+def _update_rows(t: Table, a: AgentPlan, cp: ClusterPlan) -> None:
+    """The update's memory: per GPU and per node, or host memory on CPU."""
+    c, u = cp.cluster, a.update
     if a.device == "cuda":
         t.add_row(f"model states/GPU\n(on {a.gpus} GPU{'s' if a.gpus > 1 else ''})",
                   "  ".join(f"{k} {v / GB:,.1f}" for k, v in a.zero_options.items()) + " GB  [dim](DeepSpeed's "
@@ -60,7 +83,11 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
         t.add_row("update (CPU)", f"{_gb(u.states.gpu_bytes + u.reference_bytes + u.activation_bytes)} host memory = "
                                   f"model states {_gb(u.states.gpu_bytes)} + reference {_gb(u.reference_bytes)} + "
                                   f"activations {_gb(u.activation_bytes)} (estimate)")
-    r = a.rollout
+
+
+def _rollout_rows(t: Table, a: AgentPlan, cp: ClusterPlan) -> None:
+    """The rollout's engines and KV cache."""
+    s, r = a.shape, a.rollout
     per_token = kv_bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, DTYPE_BYTES[a.dtype])
     if r.kv is not None:
         kv = r.kv
@@ -75,18 +102,6 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
                                    f"rollout may send it up to {kv.needed_seqs}){full}")
     else:
         t.add_row("rollout", f"transformers on CPU: KV cache {per_token / 1024:,.1f} KiB/token")
-    if a.device == "cuda":
-        need = a.gpus_min if a.gpus_min is not None else "none fits"
-        t.add_row("GPUs", f"{a.gpus} configured, {need} needed with {p.label}")
-        t.add_row("placement", f"rollout {_spans(r.spans)}  ·  update {_spans(a.update_spans)} "
-                               f"[dim](phases alternate on the same GPUs)[/dim]")
-    else:
-        t.add_row("placement", "CPU (rollout and update in the flow's process)")
-    for w in a.warnings:
-        t.add_row(Text("warning", style="yellow"), Text(w, style="yellow"))
-    t.add_row("verdict", Text("fits", style="bold green") if a.fits else
-              Text("DOES NOT FIT: " + "; ".join(a.reasons), style="bold red"))
-    return t
 
 
 def summary_table(cp: ClusterPlan) -> Table:

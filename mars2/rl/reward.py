@@ -25,12 +25,14 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
     ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
     downstream cache breaks); their mean/max go to ``table.attrs["time_s"]``.
     """
-    from mars2.sandbox import grade_programs
+    from mars2.data.checks import gradable
+    from mars2.sandbox import GradeJob, grade_many
 
     # a node without code reads back from Parquet as NaN (pandas' string dtype), not None
     codes = [c if isinstance(c, str) else None for c in rows["code"]]
-    verdicts = grade_programs([(code, problems[pid].hidden_tests or problems[pid].public_tests, problems[pid].func_name)
-                               for pid, code in zip(rows["problem_id"], codes, strict=True)], grading, progress=progress)
+    jobs = [GradeJob(*gradable(code, problems[pid].hidden_tests or problems[pid].public_tests, problems[pid].func_name))
+            for pid, code in zip(rows["problem_id"], codes, strict=True)]
+    verdicts = grade_many(jobs, grading=grading, progress=progress)
     table = rows.drop(columns=["code"]).reset_index(drop=True)
     table["status"] = [v.status for v in verdicts]
     table["passed"] = [v.passed for v in verdicts]

@@ -7,7 +7,8 @@ program (optionally per test), which runs each test from a clean state; the grad
 outputs with the expected ones in its own process and returns a :class:`Verdict`.
 Where bubblewrap cannot run, a weaker ``process`` level is used (and reported).
 
-Public API: :func:`grade_program`, :func:`grade_many`, :func:`grade_programs` (with a GradingConfig), :class:`GradeJob`, :class:`Verdict`;
+Public API: :func:`grade_program` (one program) and :func:`grade_many` (many, concurrently), both set by a
+:class:`~mars2.config.GradingConfig`; :class:`GradeJob`, :class:`Verdict` (with each test's :class:`TestVerdict`);
 :func:`probe_isolation` / :func:`isolation_params` to see and log what isolation is in use;
 :class:`SandboxPool` to control the worker slots; ``python -m mars2.sandbox`` for the command line.
 See ``docs/sandbox.md``.
@@ -16,14 +17,9 @@ See ``docs/sandbox.md``.
 from mars2.sandbox.grader import (
     PARITIES,
     GradeJob,
-    Graded,
     TestDataError,
-    TestVerdict,
-    grade_detailed,
     grade_many,
-    grade_many_detailed,
     grade_program,
-    grade_programs,
 )
 from mars2.sandbox.isolation import LEVELS, choose_level, describe, probe_isolation
 from mars2.sandbox.pool import (
@@ -35,7 +31,7 @@ from mars2.sandbox.pool import (
     close_shared_pools,
     shared_pool,
 )
-from mars2.sandbox.verdict import STATUSES, Verdict
+from mars2.sandbox.verdict import STATUSES, TestVerdict, Verdict
 
 
 def isolation_params(isolation: str = "auto", workers: int | None = None) -> dict[str, str]:
@@ -53,7 +49,6 @@ __all__ = [
     "PARITIES",
     "STATUSES",
     "GradeJob",
-    "Graded",
     "Limits",
     "SandboxError",
     "SandboxPool",
@@ -63,11 +58,8 @@ __all__ = [
     "TestVerdict",
     "Verdict",
     "close_shared_pools",
-    "grade_detailed",
     "grade_many",
-    "grade_many_detailed",
     "grade_program",
-    "grade_programs",
     "isolation_params",
     "probe_isolation",
     "shared_pool",

@@ -104,26 +104,18 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mars2.sandbox import SandboxPool
+
     args = _parser().parse_args(argv)
     if args.probe:
         from mars2.sandbox import isolation_params, probe_isolation
 
         print(json.dumps({"probe": probe_isolation(), "params": isolation_params(args.isolation)}, indent=2))
         return EXIT_OK
-    missing = [f"--{name}" for name in ("problems", "samples", "out") if getattr(args, name) is None]
-    if missing:
-        print(f"error: {', '.join(missing)} required (see --help)", file=sys.stderr)
+    error = _usage_error(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    bad_flag = _bad_flag(args)
-    if bad_flag:
-        print(f"error: {bad_flag}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    for path in (args.problems, args.samples):
-        if not path.is_file():
-            print(f"error: cannot read {path}: no such file", file=sys.stderr)
-            return EXIT_BAD_INPUT
-
-    bad_rows = 0
     try:
         problems, rejected = load_problems(read_jsonl_rows(args.problems), source=str(args.problems))
         sample_rows = list(read_jsonl_rows(args.samples))
@@ -131,21 +123,58 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read input: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for rej in rejected:
-        bad_rows += 1
         print(f"error: {args.problems}:{rej['line']}: problem {rej['question_id']!r} rejected: {rej['error']}",
               file=sys.stderr)
-    by_id = {p.id: p for p in problems}
-    rejected_ids = {r["question_id"]: r["error"] for r in rejected if r.get("question_id")}
     if not problems and not sample_rows:
         print(f"error: {args.problems} and {args.samples} hold no usable rows", file=sys.stderr)
         return EXIT_BAD_INPUT
+    rows, jobs = _sample_jobs(sample_rows, problems, rejected, args)
+    bad_rows = len(rejected) + sum(1 for r in rows if "error" in r)
+    try:
+        pool = SandboxPool(args.workers or None, args.isolation) if jobs else None
+    except (RuntimeError, ValueError) as e:
+        print(f"error: the sandbox cannot start here: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    verdicts = _grade(jobs, pool, args) if pool is not None else []
+    for index, v in zip((i for i, r in enumerate(rows) if "error" not in r), verdicts, strict=True):
+        rows[index].update(passed=v.all_passed, status=v.status, passed_tests=v.passed, total_tests=v.total,
+                           detail=v.detail, verdicts=[t.to_dict() for t in v.tests])
+    try:
+        _write_rows(args.out, rows)
+    except OSError as e:
+        print(f"error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    n_pass = sum(1 for r in rows if r.get("passed"))
+    print(f"graded {len(jobs)} of {len(rows)} samples ({n_pass} passed) -> {args.out}"
+          + (f"; {bad_rows} unusable row(s), see above / the error fields" if bad_rows else ""), file=sys.stderr)
+    return EXIT_BAD_ROWS if bad_rows else EXIT_OK
 
-    from mars2.sandbox import GradeJob, SandboxPool, TestDataError, grade_many_detailed
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line (a missing file, a flag out of range), None if nothing."""
+    missing = [f"--{name}" for name in ("problems", "samples", "out") if getattr(args, name) is None]
+    if missing:
+        return f"{', '.join(missing)} required (see --help)"
+    bad_flag = _bad_flag(args)
+    if bad_flag:
+        return bad_flag
+    for path in (args.problems, args.samples):
+        if not path.is_file():
+            return f"cannot read {path}: no such file"
+    return None
+
+
+def _sample_jobs(sample_rows: list[dict[str, Any]], problems: list[Problem], rejected: list[dict[str, Any]],
+                 args: argparse.Namespace) -> tuple[list[dict[str, Any]], list]:
+    """One output row per sample, in order, and a grading job per row that has no ``error``: a row whose sample is
+    malformed, names no known problem, or whose problem's tests are unusable carries the reason instead."""
+    from mars2.sandbox import GradeJob, TestDataError
     from mars2.sandbox.grader import validate_job
 
-    rows: list[dict[str, Any] | None] = []
+    by_id = {p.id: p for p in problems}
+    rejected_ids = {r["question_id"]: r["error"] for r in rejected if r.get("question_id")}
+    rows: list[dict[str, Any]] = []
     jobs: list[GradeJob] = []
-    job_rows: list[int] = []
     for pos, row in enumerate(sample_rows, start=1):
         line = int(row.get(LINE_KEY, pos)) if isinstance(row, dict) else pos
         if MALFORMED_KEY in row:
@@ -171,41 +200,28 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append({"question_id": qid, "line": line})
         jobs.append(job)
-        job_rows.append(len(rows) - 1)
-    bad_rows += sum(1 for r in rows if r is not None and "error" in r)
+    return rows, jobs
 
+
+def _grade(jobs: list, pool, args: argparse.Namespace) -> list:
+    """The verdicts of ``jobs`` in the command's own ``pool``, closed afterwards."""
+    from mars2.config import GradingConfig
+    from mars2.sandbox import grade_many
+
+    grading = GradingConfig(parity=args.parity, stop_at_first_failure=args.stop_at_first_failure)
+    limits = Limits(time_s=args.time_limit, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
     try:
-        pool = SandboxPool(args.workers or None, args.isolation) if jobs else None
-    except (RuntimeError, ValueError) as e:
-        print(f"error: the sandbox cannot start here: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        graded = grade_many_detailed(jobs, executor=pool, limits=Limits(time_s=args.time_limit,
-                                                                        memory_mb=args.memory_mb,
-                                                                        disk_mb=args.disk_mb),
-                                     parity=args.parity, stop_at_first_failure=args.stop_at_first_failure,
-                                     progress=stderr_counter if args.progress else None) if jobs else []
+        return grade_many(jobs, grading=grading, pool=pool, limits=limits,
+                          progress=stderr_counter if args.progress else None)
     finally:
-        if pool is not None:
-            pool.close()
-    for index, result in zip(job_rows, graded, strict=True):
-        v = result.verdict
-        row = rows[index]
-        assert row is not None
-        row.update(passed=v.all_passed, status=v.status, passed_tests=v.passed, total_tests=v.total, detail=v.detail,
-                   verdicts=[t.to_dict() for t in result.tests])
+        pool.close()
 
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        tmp.replace(args.out)
-    except OSError as e:
-        print(f"error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    n_pass = sum(1 for r in rows if r and r.get("passed"))
-    print(f"graded {len(jobs)} of {len(rows)} samples ({n_pass} passed) -> {args.out}"
-          + (f"; {bad_rows} unusable row(s), see above / the error fields" if bad_rows else ""), file=sys.stderr)
-    return EXIT_BAD_ROWS if bad_rows else EXIT_OK
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as JSON lines at ``path``, atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(path)

@@ -6,7 +6,7 @@ program and the test inputs, and hands back raw stdout (stdin tests) or the type
 here, in the grader's process, ignoring exit codes and requiring one result per test run. Tests run
 in order; by default grading stops at the first failing test, as LiveCodeBench does.
 
-Two parity modes (``parity=``):
+Two parity modes (``GradingConfig.parity``):
 
 ``script`` (default)
     The program runs as a real script: ``__main__`` with real stdin (``sys.stdin.buffer``,
@@ -35,10 +35,10 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from mars2.config import PARITIES
+from mars2.config import PARITIES, GradingConfig
 from mars2.data.schema import TestCase
 from mars2.sandbox.compare import (
     MalformedValue,
@@ -50,7 +50,7 @@ from mars2.sandbox.compare import (
     value_too_large,
 )
 from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, TestRun, shared_pool
-from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, Verdict
+from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, TestVerdict, Verdict
 
 ERROR_TAIL_LINES = 10
 ERROR_TAIL_CHARS = 1000
@@ -73,31 +73,6 @@ class GradeJob:
     code: str | None
     tests: tuple[TestCase, ...]
     func_name: str | None = None
-
-
-@dataclass(frozen=True)
-class TestVerdict:
-    """The outcome of one test that was run: ``status`` as in :class:`Verdict` (``AC`` = passed)."""
-
-    __test__ = False
-
-    index: int
-    status: str
-    detail: str = ""
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"test": self.index, "status": self.status, "detail": self.detail, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4)}
-
-
-@dataclass(frozen=True)
-class Graded:
-    """A :class:`Verdict` and the per-test outcomes behind it (only the tests that ran)."""
-
-    verdict: Verdict
-    tests: tuple[TestVerdict, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -197,112 +172,76 @@ def _lcb_blank_line_error(tests: Sequence[TestCase]) -> str | None:
     return None
 
 
-def grade_detailed(
-    code: str | None,
-    tests: Sequence[TestCase],
-    *,
-    func_name: str | None = None,
-    time_limit_s: float = 6.0,
-    memory_mb: int = 1024,
-    stop_at_first_failure: bool = True,
-    parity: str = "script",
-    pool: SandboxPool | None = None,
-    limits: Limits | None = None,
-    isolate_tests: bool = False,
-) -> Graded:
-    """:func:`grade_program` plus the outcome of every test that ran."""
+def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str | None = None,
+                  grading: GradingConfig | None = None, pool: SandboxPool | None = None, isolate_tests: bool = False,
+                  limits: Limits | None = None) -> Verdict:
+    """Run ``code`` on every test (in order) and return its :class:`Verdict`, with the outcome of each test that ran.
+
+    ``tests`` of type ``stdin`` feed ``input`` on stdin and compare stdout with ``output`` (line-wise, Decimal-aware);
+    ``functional`` tests call ``Solution().<func_name>`` (or the top-level function ``func_name``) with one JSON
+    argument per input line and compare the return value with the JSON ``output``.
+
+    ``grading`` (default: :class:`~mars2.config.GradingConfig`'s defaults) gives the per-test limits
+    (``time_limit_s`` CPU seconds, ``memory_mb``), ``parity`` (``script`` or ``lcb``, see the module docstring),
+    ``isolation`` (of the shared pool used when ``pool`` is None) and ``stop_at_first_failure``. An empty test
+    list gives ``NO_TESTS`` (checked first), a missing or blank program ``NO_CODE``. A compile error stops
+    grading at once whatever ``stop_at_first_failure`` says (every test would fail the same way). Without stopping,
+    every test runs, ``passed`` counts all passing tests, and ``status``/``detail`` describe the first failure.
+
+    ``limits``: every per-test limit at once (replaces ``time_limit_s`` and ``memory_mb``).
+    ``isolate_tests=True`` runs every test in its own freshly forked process (script mode; slower) instead of one
+    process per program with the state reset between tests. Raises :class:`TestDataError` for unusable tests
+    (before running anything).
+    """
+    grading = grading or GradingConfig()
     start = time.monotonic()
     tests = tuple(tests)
     total = len(tests)
-    if parity not in PARITIES:
-        raise ValueError(f"parity={parity!r} is unknown; use one of {PARITIES}")
+    if grading.parity not in PARITIES:
+        raise ValueError(f"parity={grading.parity!r} is unknown; use one of {PARITIES}")
     if total == 0:
-        return Graded(Verdict(NO_TESTS, 0, 0, time.monotonic() - start, "no tests to run"))
+        return Verdict(NO_TESTS, 0, 0, time.monotonic() - start, "no tests to run")
     if not has_program(code):
-        return Graded(Verdict(NO_CODE, 0, total, time.monotonic() - start, "no program"))
+        return Verdict(NO_CODE, 0, total, time.monotonic() - start, "no program")
+    parity = grading.parity
     prepared = [_prepare(test, func_name, i, parity) for i, test in enumerate(tests, start=1)]
-    modes = {p.mode for p in prepared}
-    if len(modes) != 1:
+    if len({p.mode for p in prepared}) != 1:
         raise TestDataError("a program's tests mix stdin and functional test types")
-    if parity == "lcb":
-        blank = _lcb_blank_line_error(tests)
-        if blank is not None:
-            return Graded(Verdict(RE, 0, total, time.monotonic() - start, blank))
+    if parity == "lcb" and (blank := _lcb_blank_line_error(tests)) is not None:
+        return Verdict(RE, 0, total, time.monotonic() - start, blank)
     if len(code.encode("utf-8", "surrogatepass")) > MAX_PROGRAM_BYTES:
-        return Graded(Verdict(CE, 0, total, time.monotonic() - start,
-                              f"compile error\nprogram larger than {MAX_PROGRAM_BYTES} bytes"))
-    limits = limits or Limits(time_s=time_limit_s, memory_mb=memory_mb)
-    pool = pool or shared_pool()
-
-    passed = 0
-    first_failure: list[tuple[str, str]] = []
+        return Verdict(CE, 0, total, time.monotonic() - start,
+                       f"compile error\nprogram larger than {MAX_PROGRAM_BYTES} bytes")
+    limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)
+    pool = pool or shared_pool(None, grading.isolation)
     outcomes: list[TestVerdict] = []
 
     def on_result(index: int, run: TestRun) -> bool:
-        nonlocal passed
         if index == 0:  # a retried program starts again from its first test
-            passed = 0
-            first_failure.clear()
             outcomes.clear()
         status, detail = _judge(run, tests[index], prepared[index], limits)
         outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
-        if status == AC:
-            passed += 1
-            return True
-        if not first_failure:
-            first_failure.append((status, f"test {index + 1}/{total}: {detail}"))
-        return not (stop_at_first_failure or status == CE)
+        return status == AC or not (grading.stop_at_first_failure or status == CE)
 
     slot = pool.acquire()
     try:
         slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
                  inputs=[p.payload for p in prepared], on_result=on_result, isolate_tests=isolate_tests)
     except SandboxError as e:  # twice, on a fresh zygote: this program's verdict (the pool counts it and warns)
-        return Graded(Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}"))
+        return Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}")
     finally:
         pool.release(slot)
-    elapsed = time.monotonic() - start
-    if not first_failure:
-        return Graded(Verdict(AC, passed, total, elapsed, ""), tuple(outcomes))
-    status, detail = first_failure[0]
-    return Graded(Verdict(status, passed, total, elapsed, detail), tuple(outcomes))
+    return _verdict(outcomes, total, time.monotonic() - start)
 
 
-def grade_program(
-    code: str | None,
-    tests: Sequence[TestCase],
-    *,
-    func_name: str | None = None,
-    time_limit_s: float = 6.0,
-    memory_mb: int = 1024,
-    stop_at_first_failure: bool = True,
-    executor: SandboxPool | None = None,
-    parity: str = "script",
-    isolation: str = "auto",
-    isolate_tests: bool = False,
-) -> Verdict:
-    """Run ``code`` on every test (in order) and return its :class:`Verdict`.
-
-    ``tests`` of type ``stdin`` feed ``input`` on stdin and compare stdout with ``output``
-    (line-wise, Decimal-aware); ``functional`` tests call ``Solution().<func_name>`` (or the
-    top-level function ``func_name``) with one JSON argument per input line and compare the
-    return value with the JSON ``output``. ``time_limit_s`` (CPU seconds) and ``memory_mb`` are per test.
-
-    An empty test list gives ``NO_TESTS`` (checked first), a missing or blank program ``NO_CODE``.
-    A compile error stops grading at once whatever ``stop_at_first_failure`` says (every test
-    would fail the same way). With ``stop_at_first_failure=False`` every test runs, ``passed``
-    counts all passing tests, and ``status``/``detail`` describe the first failure.
-
-    ``executor``: the :class:`~mars2.sandbox.pool.SandboxPool` to run in (default: the shared pool
-    for ``isolation``). ``parity``: ``script`` or ``lcb`` (see the module docstring).
-    ``isolate_tests=True`` runs every test in its own freshly forked process (script mode; slower)
-    instead of one process per program with the state reset between tests.
-    Raises :class:`TestDataError` for unusable tests (before running anything).
-    """
-    pool = executor or shared_pool(None, isolation)
-    return grade_detailed(code, tests, func_name=func_name, time_limit_s=time_limit_s, memory_mb=memory_mb,
-                          stop_at_first_failure=stop_at_first_failure, parity=parity, pool=pool,
-                          isolate_tests=isolate_tests).verdict
+def _verdict(outcomes: list[TestVerdict], total: int, elapsed: float) -> Verdict:
+    """AC when every test that ran passed, else the first failure's status, with ``test i/total: <detail>``."""
+    passed = sum(t.status == AC for t in outcomes)
+    failure = next((t for t in outcomes if t.status != AC), None)
+    if failure is None:
+        return Verdict(AC, passed, total, elapsed, "", tuple(outcomes))
+    return Verdict(failure.status, passed, total, elapsed, f"test {failure.index}/{total}: {failure.detail}",
+                   tuple(outcomes))
 
 
 def has_program(code: str | None) -> bool:
@@ -310,92 +249,59 @@ def has_program(code: str | None) -> bool:
     return code is not None and bool(code.strip())
 
 
-def grade_many_detailed(
-    jobs: Sequence[GradeJob],
-    *,
-    workers: int | None = None,
-    time_limit_s: float = 6.0,
-    memory_mb: int = 1024,
-    progress: Callable[[int, int], None] | None = None,
-    executor: SandboxPool | None = None,
-    stop_at_first_failure: bool = True,
-    parity: str = "script",
-    isolation: str = "auto",
-    isolate_tests: bool = False,
-    limits: Limits | None = None,
-) -> list[Graded]:
-    """:func:`grade_many` with the per-test outcomes. ``progress``: told ``(graded, total)`` after each program (the
-    caller's display). ``limits``: every per-test limit at once (replaces ``time_limit_s`` and ``memory_mb``)."""
+def grade_many(jobs: Sequence[GradeJob], *, grading: GradingConfig | None = None, pool: SandboxPool | None = None,
+               progress: Callable[[int, int], None] | None = None, isolate_tests: bool = False,
+               limits: Limits | None = None) -> list[Verdict]:
+    """Grade many programs concurrently, each as :func:`grade_program` does; the verdicts come back in the order of
+    ``jobs``.
+
+    ``grading.workers`` sandbox slots (0: one per CPU core) of the shared pool for ``grading.isolation`` (or
+    ``pool``'s) each grade one job at a time (its tests sequentially). ``progress`` is told ``(graded, total)``
+    after each job (the caller's display). Every job's tests are validated first: a :class:`TestDataError` naming
+    the job and the test is raised before anything runs. After that one verdict comes back per job whatever the
+    programs do: a program that breaks its slot twice is ``RE`` ("sandbox failure").
+    """
+    grading = grading or GradingConfig()
     jobs = list(jobs)
-    if workers is not None and workers < 0:
-        raise ValueError(f"workers must be >= 1 (or 0/None for one per core), got {workers}")
-    if parity not in PARITIES:
-        raise ValueError(f"parity={parity!r} is unknown; use one of {PARITIES}")
-    limits = limits or Limits(time_s=time_limit_s, memory_mb=memory_mb)
+    if grading.workers < 0:
+        raise ValueError(f"workers must be >= 1 (or 0 for one per core), got {grading.workers}")
+    if grading.parity not in PARITIES:
+        raise ValueError(f"parity={grading.parity!r} is unknown; use one of {PARITIES}")
     for i, job in enumerate(jobs):  # every job's tests are checked before anything runs
         try:
-            validate_job(job, parity)
+            validate_job(job, grading.parity)
         except TestDataError as e:
             raise TestDataError(f"job {i}, {e}") from None
-    pool = executor or shared_pool(workers or None, isolation)
-    results: list[Graded | None] = [None] * len(jobs)
+    pool = pool or shared_pool(grading.workers or None, grading.isolation)
+    results: list[Verdict | None] = [None] * len(jobs)
     graded = 0
 
-    def finished(i: int, result: Graded) -> None:
+    def finished(i: int, result: Verdict) -> None:
         nonlocal graded
         results[i] = result
         graded += 1
         if progress is not None:
             progress(graded, len(jobs))
 
-    def grade_job(job: GradeJob) -> Graded:
-        return grade_detailed(job.code, job.tests, func_name=job.func_name, stop_at_first_failure=stop_at_first_failure,
-                              parity=parity, pool=pool, limits=limits, isolate_tests=isolate_tests)
+    def grade_job(job: GradeJob) -> Verdict:
+        return grade_program(job.code, job.tests, func_name=job.func_name, grading=grading, pool=pool,
+                             isolate_tests=isolate_tests, limits=limits)
 
     programs = [i for i, job in enumerate(jobs) if has_program(job.code)]
-    executor_threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
-                                          thread_name_prefix="mars2-grade") if programs else None
+    threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
+                                 thread_name_prefix="mars2-grade") if programs else None
     try:
         for i, job in enumerate(jobs):  # no program: NO_CODE (or NO_TESTS) at once, no thread or sandbox
             if not has_program(job.code):
                 finished(i, grade_job(job))
-        futures = {executor_threads.submit(grade_job, jobs[i]): i for i in programs}
+        futures = {threads.submit(grade_job, jobs[i]): i for i in programs}
         for future in as_completed(futures):
             finished(futures[future], future.result())
     except BaseException:
-        if executor_threads is not None:
-            executor_threads.shutdown(wait=True, cancel_futures=True)
+        if threads is not None:
+            threads.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
-        if executor_threads is not None:
-            executor_threads.shutdown(wait=True)
+        if threads is not None:
+            threads.shutdown(wait=True)
     return [r for r in results if r is not None]
-
-
-def grade_many(jobs: Sequence[GradeJob], **options: Any) -> list[Verdict]:
-    """Grade many programs concurrently; the verdicts come back in the order of ``jobs``. ``options`` are those of
-    :func:`grade_many_detailed` (workers, time_limit_s, memory_mb, progress, executor, stop_at_first_failure, parity,
-    isolation, isolate_tests, limits).
-
-    ``workers`` sandbox slots (``None``/0: one per CPU core) each grade one job at a time (its
-    tests sequentially). ``progress`` is told ``(graded, total)`` after each job. Every job's tests are validated first:
-    a :class:`TestDataError` naming the job and the test is raised before anything runs. After that one verdict
-    comes back per job whatever the programs do: a program that breaks its slot twice is ``RE`` ("sandbox
-    failure"). ``executor``: a :class:`~mars2.sandbox.pool.SandboxPool` to use instead of the shared one.
-    """
-    return [g.verdict for g in grade_many_detailed(jobs, **options)]
-
-
-def grade_programs(programs: Sequence[tuple[str | None, Sequence[TestCase], str | None]], grading, *,
-                   stop_at_first_failure: bool | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> list[Verdict]:
-    """``(code, tests, func_name)`` programs graded with the run's :class:`mars2.config.GradingConfig` (slots, limits,
-    isolation, parity); HumanEval-style check tests are wrapped first (:func:`mars2.data.gradable`).
-    ``stop_at_first_failure``: None = the config's (rewards); False = run every test (a public-test score)."""
-    from mars2.data.checks import gradable
-
-    stop = grading.stop_at_first_failure if stop_at_first_failure is None else stop_at_first_failure
-    return grade_many([GradeJob(*gradable(code, tests, func)) for code, tests, func in programs],
-                      workers=grading.workers or None, time_limit_s=grading.time_limit_s, memory_mb=grading.memory_mb,
-                      progress=progress, isolation=grading.isolation, parity=grading.parity,
-                      stop_at_first_failure=stop)

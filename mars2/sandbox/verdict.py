@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 AC = "AC"
@@ -14,6 +14,23 @@ MLE = "MLE"
 NO_CODE = "NO_CODE"
 NO_TESTS = "NO_TESTS"
 STATUSES: tuple[str, ...] = (AC, WA, TLE, RE, CE, MLE, NO_CODE, NO_TESTS)
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """The outcome of one test that was run: ``status`` as in :class:`Verdict` (``AC`` = passed)."""
+
+    __test__ = False
+
+    index: int
+    status: str
+    detail: str = ""
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"test": self.index, "status": self.status, "detail": self.detail, "cpu_s": round(self.cpu_s, 4),
+                "wall_s": round(self.wall_s, 4)}
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,7 @@ class Verdict:
     ``passed``: tests passed (before stopping, when stopping at the first failure).
     ``total``: number of tests given. ``time_s``: wall time spent grading.
     ``detail``: short human-readable account of the first failure, ``""`` on AC.
+    ``tests``: the outcome of every test that ran, in order (not part of equality or :meth:`to_dict`).
     """
 
     status: str
@@ -36,6 +54,7 @@ class Verdict:
     total: int
     time_s: float
     detail: str = ""
+    tests: tuple[TestVerdict, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -47,8 +66,9 @@ class Verdict:
         return self.status == AC and self.total > 0
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict of the fields."""
-        return asdict(self)
+        """Plain JSON-able dict of the fields but ``tests``."""
+        return {"status": self.status, "passed": self.passed, "total": self.total, "time_s": self.time_s,
+                "detail": self.detail}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:

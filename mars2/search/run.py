@@ -6,6 +6,7 @@ GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs wit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,9 +20,11 @@ def public_grader(grading: GradingConfig) -> GradeFn:
     """The search's grader: programs graded on the tests the search signal names (public ones unless
     ``search.score=all_tests_binary``) in the sandbox pool, every test run (no early stop), so a node's score can be
     the fraction it passes."""
-    from mars2.sandbox import grade_programs
+    from mars2.data.checks import gradable
+    from mars2.sandbox import GradeJob, grade_many
 
-    return lambda jobs: grade_programs(jobs, grading, stop_at_first_failure=False)
+    every_test = dataclasses.replace(grading, stop_at_first_failure=False)
+    return lambda jobs: grade_many([GradeJob(*gradable(*job)) for job in jobs], grading=every_test)
 
 
 def search_sampling(search: SearchConfig, seed: int) -> SamplingParams:
