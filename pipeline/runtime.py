@@ -91,10 +91,10 @@ _server: dict = {}
 def start_temporary_server() -> None:
     """Start Prefect's temporary server (what Prefect runs when no ``PREFECT_API_URL`` is set) in the background.
 
-    Prefect itself starts it at the flow's first API call and waits for it: ~8 s on 2 cores, most of a fully cached
-    run, during which this process would first import the server's modules only to launch it (~3 s more). Started at
-    the process's first line, with the command Prefect uses (``SubprocessASGIServer._run_uvicorn_command``: uvicorn,
-    ``create_app``, no UI), its start overlaps this process's own imports and config checks. It is bound to this
+    Prefect itself starts it at the flow's first API call and waits for it (most of a fully cached run's time),
+    having first imported the server's modules in this process only to launch it. Started at the process's first
+    line, with the command Prefect uses (``SubprocessASGIServer._run_uvicorn_command``: uvicorn, ``create_app``, no
+    UI), its start overlaps this process's own imports and config checks. It is bound to this
     process: stopped at exit (a normal end, an error, SIGTERM/SIGINT), and killed by the kernel if this process dies
     (``PR_SET_PDEATHSIG``), so even ``kill -9`` leaves no server behind. :func:`temporary_server_url` hands it over.
 

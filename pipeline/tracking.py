@@ -82,8 +82,7 @@ class RetryingClient:
 
 def seed_sqlite_store(db: Path) -> None:
     """Give a new run folder an empty MLflow database copied from a per-user template instead of letting MLflow
-    create one: creating it replays every schema migration (3.3 s on 2 cores, in each new run folder); the copy
-    takes milliseconds. The template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is
+    create one: creating it replays every schema migration in each new run folder, the copy is one file copy. The template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is
     the schema this MLflow version expects; its ``Default`` experiment is pointed into the run folder."""
     import shutil
     import tempfile

@@ -24,7 +24,8 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                   weight_record: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
                   temperature: float = 1.0) -> StageRecord:
     """New weights (``model/``: a complete HF folder, safetensors + tokenizer files), optimizer/scheduler/RNG state
-    (``ds/``) and sample buffer of ``member``, handed on as ``record.weights[member.name]``.
+    (``ds/``) and sample buffer of ``member``, handed on as ``record.weights[member.name]``; ``weight_record``: the
+    record holding its current ones (its last update's, or the agents').
 
     ``member.processes > 1`` (``gpus`` or ``update_procs``): the step runs data parallel on that many torchrun ranks
     (:mod:`mars2.train.launch`), the same update as one process makes. ``temperature``: the rollouts' sampling
@@ -43,9 +44,8 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
 
         from mars2.io import write_parquet
         from mars2.rl.tables import buffer_metrics
-        from mars2.train import Sample, update_agent, update_hparams
+        from mars2.train import Sample, update_hparams
         from mars2.train.checkpoints import complete_model_folder, optimizer_state_in_use, require_optimizer_state
-        from mars2.train.launch import launch_update
 
         current = weight_record.weights_of(owner)
         new = pd.read_parquet(routed.path(f"routed/{owner}.parquet"))
@@ -65,22 +65,31 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                     device=member.device if member.processes > 1 else in_process_device(member))
         with optimizer_state_in_use(current.optimizer_dir):  # a sweep sharing the cache must not prune it now
             require_optimizer_state(current.optimizer_dir)
-            if member.processes > 1:  # data parallel over torchrun ranks (one per GPU); the job folder goes afterwards
-                check_processes(member)
-                metrics = launch_update(member.processes, out / "job", out_dir=str(out),
-                                        cuda_visible_devices=update_devices(member),
-                                        threads_per_rank=ctx.cpu_shares(update_ranks=member.processes).update_rank,
-                                        **args)
-                shutil.rmtree(out / "job")
-            else:
-                with stage_progress(f"update/{owner} c{cycle}", "samples", every_s=ctx.progress_every_s) as advance:
-                    metrics = update_agent(out_dir=out, progress=advance, **args)
+            metrics = policy_step(ctx, member, out, f"update/{owner} c{cycle}", args)
         complete_model_folder(out / "model", current.tokenizer_dir, source_model_dir=current.model_dir)
         return {"metrics": {**metrics, **buffer_metrics(table, len(new))},
                 "weights": {owner: AgentWeights(model_dir="model", tokenizer_dir=current.tokenizer_dir,
                                                 optimizer_dir="ds")}}
 
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+
+
+def policy_step(ctx: StageContext, member: AgentConfig, out: Path, label: str, args: dict[str, Any]) -> dict:
+    """One update of ``member`` into ``out`` (``args``: :func:`mars2.train.update_agent`'s); its metrics. With
+    ``member.processes > 1`` it runs data parallel over torchrun ranks (one per GPU), whose job folder goes
+    afterwards; otherwise in this process, with a progress line per ``ctx.progress_every_s``."""
+    from mars2.train import update_agent
+    from mars2.train.launch import launch_update
+
+    if member.processes > 1:
+        check_processes(member)
+        metrics = launch_update(member.processes, out / "job", out_dir=str(out),
+                                cuda_visible_devices=update_devices(member),
+                                threads_per_rank=ctx.cpu_shares(update_ranks=member.processes).update_rank, **args)
+        shutil.rmtree(out / "job")
+        return metrics
+    with stage_progress(label, "samples", every_s=ctx.progress_every_s) as advance:
+        return update_agent(out_dir=out, progress=advance, **args)
 
 
 def update_devices(member: AgentConfig) -> str | None:
