@@ -122,7 +122,7 @@ def _launch_temporary_server() -> None:
     import socket
     import subprocess
 
-    from mars2.backends.engine import popen_bound
+    from mars2.procs import popen_bound
     from pipeline.shims.prefect_server import server_command
 
     with socket.socket() as sock:

@@ -37,7 +37,6 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -54,6 +53,7 @@ from pathlib import Path
 from mars2.backends.base import SERVICE_IDLE_EXIT_S, Generation, SamplingParams, call_seeds, request_seed
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
+from mars2.procs import popen_bound
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
 STARTS_FILE = "starts"  # in a run's engine folder: one line per start on a worker ("<agent> <host> <pid>|fresh")
@@ -85,51 +85,12 @@ class EngineSpec:
     cuda_visible_devices: str | None = None  # the GPUs the engine process sees (the plan's placement); None: inherited
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` of a child process bound to its parent: the kernel sends it SIGTERM when the parent dies, even
-    by ``kill -9`` (Linux ``PR_SET_PDEATHSIG``; elsewhere a no-op). The kernel watches the *thread* that forked the
-    child, so start such children with :func:`popen_bound`."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def disconnect(conn) -> None:
     """Shut a connection down so that both sides see it closed now; its reader thread, woken by the EOF, closes it.
     Closing it here instead would free its file descriptor while the reader may be about to read it, and the next
     connection this process opens could get the same number: the old reader would then eat the new one's answers."""
     with contextlib.suppress(OSError, ValueError):
         socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
-
-
-_spawns: queue.SimpleQueue = queue.SimpleQueue()
-_spawner: threading.Thread | None = None
-_spawner_lock = threading.Lock()
-
-
-def popen_bound(args: list[str], **kwargs) -> subprocess.Popen:
-    """``subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)`` forked from one thread that lives as long as
-    the process: a child forked from a short-lived thread (a reader restarting a crashed engine, a task runner's
-    worker) would get its SIGTERM when that thread ends, not when the process dies."""
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None:
-            _spawner = threading.Thread(target=_spawn_forever, name="mars2-spawner", daemon=True)
-            _spawner.start()
-    done: Future = Future()
-    _spawns.put((args, kwargs, done))
-    return done.result()
-
-
-def _spawn_forever() -> None:
-    while True:
-        args, kwargs, done = _spawns.get()
-        try:
-            done.set_result(subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs))
-        except BaseException as e:
-            done.set_exception(e)
 
 
 class EngineClient:
