@@ -7,8 +7,8 @@
 
 The flow's one parameter is a list of Hydra overrides, so the CLI, a deployment started from the Prefect UI
 (``["agents=heterogeneous_8b", "train.kl_coef=2e-3"]``) and a sweep (``flows/deploy.py``) compose the config
-with the same function. Every stage is a cached Prefect task (see pipelines.md): re-running the same command
-re-uses finished stages and runs only what failed and what depends on it.
+with the same function. Every stage is a Prefect task whose folder is its cache (see pipelines.md): re-running the
+same command re-uses finished stages and runs only what failed and what depends on it.
 """
 
 from __future__ import annotations

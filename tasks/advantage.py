@@ -1,4 +1,4 @@
-"""Stage 4 — advantage: rewards, tree-consistent shaping, path-level group advantage, routing to agents."""
+"""Advantage stage: rewards, tree-consistent shaping, path-level group advantage, routing to agents."""
 
 from __future__ import annotations
 

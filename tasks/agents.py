@@ -1,4 +1,4 @@
-"""Stage 0 — agents: build the tiny models and tokenizers offline, convert SmolLM2's GGUF, or check real model folders."""
+"""Agents stage: build the tiny models and tokenizers offline, convert SmolLM2's GGUF, or check real model folders."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 1b — bootstrap: supervised warm-start of the tiny agents on the training split's reference solutions.
+"""Bootstrap stage: supervised warm-start of the tiny agents on the training split's reference solutions.
 
 Its record has the shape of an ``agents`` record (``weights``: :class:`AgentWeights` per weight owner), so
 the flow uses it in place of ``agents`` downstream: the warm weights are what cycle 0 rolls out with and what

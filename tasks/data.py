@@ -1,4 +1,4 @@
-"""Stage 1 — dataset prep: load and validate problems, select, split train/eval, write Parquet + a summary."""
+"""Dataset prep stage: load and validate problems, select, split train/eval, write Parquet + a summary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 6 — evaluation: every agent alone and the team on the held-out split, graded on hidden tests.
+"""Evaluation stage: every agent alone and the team on the held-out split, graded on hidden tests.
 
 Two kinds of evidence (docs/eval.md):
 

@@ -1,4 +1,4 @@
-"""Stage 3 — grading: run every sampled program against the hidden tests in the sandbox."""
+"""Grading stage: run every sampled program against the hidden tests in the sandbox."""
 
 from __future__ import annotations
 

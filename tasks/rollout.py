@@ -1,4 +1,4 @@
-"""Stage 2 — rollout: the agents build one search tree per training problem (or sample independently)."""
+"""Rollout stage: the agents build one search tree per training problem (or sample independently)."""
 
 from __future__ import annotations
 

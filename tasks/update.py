@@ -1,4 +1,4 @@
-"""Stage 5 — update: one policy step per weight owner through its own DeepSpeed engine."""
+"""Update stage: one policy step per weight owner through its own DeepSpeed engine."""
 
 from __future__ import annotations
 
