@@ -92,7 +92,8 @@ def base_overrides(study: StudyConfig, seed: int) -> list[str]:
     return [*study.common, *study.base, f"seed={seed}"]
 
 
-def control_overrides(study: StudyConfig, name: str, seed: int, final_model_dirs: dict[str, dict[str, str]]) -> list[str]:
+def control_overrides(study: StudyConfig, name: str, seed: int,
+                      final_model_dirs: dict[str, dict[str, str]]) -> list[str]:
     """A control's evaluation: its agents, each owner of ``control.weights`` with the final weights of that arm's run
     (``final_model_dirs``: arm → {owner: model folder} of this seed's runs)."""
     control = study.controls[name]

@@ -98,8 +98,9 @@ class AgentWeights:
 
 @dataclass(frozen=True)
 class StageRecord:
-    """The small thing Prefect caches for a stage: where its artefacts are, their fingerprints, its metrics, and
-    the weights it hands on per owner (``weights``; empty for stages that produce none)."""
+    """The small thing a stage hands on, kept in its folder's ``MANIFEST.json``: where its artefacts are, their
+    fingerprints, its metrics, and the weights it hands on per owner (``weights``; empty for stages that produce
+    none)."""
 
     stage: str
     key: str
@@ -343,5 +344,5 @@ def current_parameters() -> dict[str, Any]:
 
 
 __all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "came_from_cache",
-           "code_version", "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages", "sha256_json",
-           "stage_digest", "stage_dir", "stage_task"]
+           "code_version", "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages",
+           "sha256_json", "stage_digest", "stage_dir", "stage_task"]

@@ -82,8 +82,9 @@ class RetryingClient:
 
 def seed_sqlite_store(db: Path) -> None:
     """Give a new run folder an empty MLflow database copied from a per-user template instead of letting MLflow
-    create one: creating it replays every schema migration in each new run folder, the copy is one file copy. The template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is
-    the schema this MLflow version expects; its ``Default`` experiment is pointed into the run folder."""
+    create one: creating it replays every schema migration in each new run folder, the copy is one file copy. The
+    template (``~/.cache/mars2/mlflow-<version>.db``) is made once by MLflow itself, so it is the schema this MLflow
+    version expects; its ``Default`` experiment is pointed into the run folder."""
     import shutil
     import tempfile
 

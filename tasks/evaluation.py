@@ -40,8 +40,8 @@ READS = {"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS}
 
 @stage_task(STAGE, task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
-             backend: BackendConfig, members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord,
-             dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
+             backend: BackendConfig, members: list[AgentConfig], weight_records: dict[str, StageRecord],
+             agents: StageRecord, dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
     metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …)."""

@@ -24,8 +24,8 @@ READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how
 
 @stage_task(STAGE, task_run_name="rollout-c{cycle}")
 def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, backend: BackendConfig,
-            members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord, dataset: StageRecord,
-            cycle: int, max_problems: int | None, rotate: bool = True) -> StageRecord:
+            members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord,
+            dataset: StageRecord, cycle: int, max_problems: int | None, rotate: bool = True) -> StageRecord:
     """Trees for cycle ``cycle``'s ``max_problems`` training problems (the next window each cycle, or with
     ``rotate=False`` the first window every cycle).
 

@@ -473,6 +473,12 @@ def test_decode_value_rejects_junk_from_a_program():
 # --- grade_many, pool, Verdict ----------------------------------------------------------------------
 
 
+def test_grade_many_refuses_bad_limits_before_grading_anything():
+    """A limit out of range is refused once, up front, even for a batch with no program to run."""
+    with pytest.raises(ValueError, match="time"):
+        grade_many([GradeJob(None, (stdin_case("1", "1"),))], grading=GradingConfig(time_limit_s=0))
+
+
 def test_grade_many_preserves_order_across_verdicts():
     jobs = [
         GradeJob("while True:\n    pass\n", (stdin_case("1"),)),

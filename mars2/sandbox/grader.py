@@ -272,6 +272,7 @@ def grade_many(jobs: Sequence[GradeJob], *, grading: GradingConfig | None = None
             validate_job(job, grading.parity)
         except TestDataError as e:
             raise TestDataError(f"job {i}, {e}") from None
+    limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)  # bad limits fail here
     pool = pool or shared_pool(grading.workers or None, grading.isolation)
     results: list[Verdict | None] = [None] * len(jobs)
     graded = 0
