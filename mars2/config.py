@@ -157,6 +157,11 @@ class AgentConfig:
         """Processes (ranks) of this agent's update: ``update_procs``, else one per GPU, at least one."""
         return self.update_procs if self.update_procs is not None else max(1, self.gpus)
 
+    @property
+    def owner(self) -> str:
+        """The agent whose weights this one uses: itself, or the owner it names in homogeneous multi-role."""
+        return self.shares_weights_with or self.name
+
 
 @dataclass
 class AgentsConfig:

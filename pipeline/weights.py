@@ -17,11 +17,6 @@ TRAINING_FIELDS = ("optimizer", "bootstrap", "deepspeed", "update_procs")
 GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(AgentConfig) if f.name not in TRAINING_FIELDS)
 
 
-def owner_of(member: AgentConfig) -> str:
-    """The agent whose weights ``member`` uses (itself, or the owner in homogeneous multi-role)."""
-    return member.shares_weights_with or member.name
-
-
 def model_dir(record: StageRecord, owner: str) -> str:
     """The model folder of ``owner`` in an agents, bootstrap, checkpoints or update record."""
     return record.weights_of(owner).model_dir
@@ -56,7 +51,7 @@ def load_backend(member: AgentConfig, weight_records: dict[str, StageRecord], ag
 
     Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
     check_machine([member], stage="rollout/evaluation")
-    owner = owner_of(member)
+    owner = member.owner
     generator, tok = _load_backend(member, owner, weight_records, agents, batch_size=batch_size, backend=backend,
                                    pool=pool, threads=threads)
     if pool is not None and not isinstance(generator, EngineClient):
@@ -115,11 +110,11 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
 
     loaded: dict[str, tuple] = {}
     runners = {}
-    cpu_owners = {owner_of(m) for m in members if m.device.startswith("cpu")}
+    cpu_owners = {m.owner for m in members if m.device.startswith("cpu")}
     ctx = ctx or StageContext(root="")
     threads = ctx.cpu_shares(engines=len(cpu_owners)).engine
     for m in members:
-        owner = owner_of(m)
+        owner = m.owner
         if owner not in loaded:
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weight_records, agents,
                                          batch_size=batch_size, backend=backend, pool=ctx.engines,
@@ -130,4 +125,4 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
     return runners
 
 
-__all__ = ["AgentWeights", "agent_runners", "engine_placement", "in_process_device", "load_backend", "model_dir", "owner_of", "tokenizer_dir"]
+__all__ = ["AgentWeights", "agent_runners", "engine_placement", "in_process_device", "load_backend", "model_dir", "tokenizer_dir"]

@@ -9,11 +9,10 @@ import pandas as pd
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
-from pipeline.weights import owner_of
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 
 STAGE = "advantage"
-MODULES = ("mars2.rl", "mars2.io", "tasks.advantage", "pipeline.weights")
+MODULES = ("mars2.rl", "mars2.io", "tasks.advantage")
 
 
 # the shaping and filtering settings, the reward's length limit L_max, and who owns whose weights
@@ -41,7 +40,7 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
             train, max_len=search.max_new_tokens)
         kept = scored[~scored["flat"]] if train.filter_flat_trees else scored
         metrics = advantage_metrics(scored, kept)
-        routed = route(kept, {m.name: owner_of(m) for m in members})
+        routed = route(kept, {m.name: m.owner for m in members})
         for owner, part in routed.items():
             write_parquet(out / "routed" / f"{owner}.parquet", part)
         return {"metrics": {**metrics, **routed_metrics(routed)}}

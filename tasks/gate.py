@@ -18,7 +18,7 @@ from mars2.search.run import public_grader, search_sampling
 from pipeline.engines import release
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
-from pipeline.weights import GENERATION_FIELDS, agent_runners, owner_of
+from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "gate"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
@@ -45,7 +45,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         pool = pd.read_parquet(dataset.path(f"{gate.split}.parquet"))
         ids = cycle_subset(pool["id"].tolist(), 0, gate.max_problems)
         problems = problems_from_frame(pool.set_index("id").loc[ids].reset_index())
-        owners = {owner_of(m) for m in members}
+        owners = {m.owner for m in members}
         runners = agent_runners(members, {o: weight_record for o in owners}, agents, batch_size=search.batch_size,
                                 backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)

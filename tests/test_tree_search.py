@@ -270,3 +270,10 @@ def test_a_hidden_test_search_score_cannot_feed_t_plus_detail_into_prompts():
         resolve(load_cfg(["search.score=all_tests_binary", "search.detailed_feedback=true"]))
     with pytest.raises(ConfigError, match="search.score"):
         resolve(load_cfg(["search.score=hidden"]))
+
+
+def test_every_search_score_the_config_allows_has_a_signal():
+    from mars2.config import SEARCH_SCORES
+    from mars2.search.tree_search import SIGNALS
+
+    assert sorted(SIGNALS) == sorted(SEARCH_SCORES)

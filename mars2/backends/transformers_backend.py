@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -14,15 +13,13 @@ class TransformersBackend:
     """A transformers model behind a :class:`~mars2.backends.continuous.ContinuousBatcher`: ``submit`` one request,
     or ``generate`` a list; both return the sampled tokens' log-probs under the sampling distribution."""
 
-    def __init__(self, model, tokenizer, *, device: str = "cpu", batch_size: int = 32,
-                 progress: Callable[[int, int], None] | None = None):
+    def __init__(self, model, tokenizer, *, device: str = "cpu", batch_size: int = 32):
         from mars2.backends.continuous import ContinuousBatcher
 
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
         self.batch_size = batch_size
-        self.progress = progress
         self.starts = 1  # a model loaded into this process: one engine start
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -40,17 +37,12 @@ class TransformersBackend:
     def generate(self, prompts: list[str], params: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
         """``params.n`` generations per prompt; sample j of prompt i is the request seeded ``request_seed(seeds[i],
-        j)``, so what it samples depends on its prompt and seed, not on the other requests. ``self.progress`` (if
-        set) is told ``(requests done, requests)`` as they finish."""
+        j)``, so what it samples depends on its prompt and seed, not on the other requests."""
         seeds = call_seeds(params, prompts, seeds)
         rows = [(i, j) for i in range(len(prompts)) for j in range(params.n)]
         rows.sort(key=lambda r: len(prompts[r[0]]))  # shortest prompts first: rows admitted together pad less
         futures = dict(zip(rows, self.submit_samples([(prompts[i], request_seed(seeds[i], j)) for i, j in rows], params),
                            strict=True))
-        for done, f in enumerate(futures.values(), 1):
-            f.result()
-            if self.progress is not None:
-                self.progress(done, len(futures))
         return [[futures[i, j].result() for j in range(params.n)] for i in range(len(prompts))]
 
     def submit_samples(self, requests: list[tuple[str, int]], params: SamplingParams) -> list[Future]:
@@ -84,12 +76,11 @@ class TransformersBackend:
 
 
 def load_transformers_backend(model_dir: str, tokenizer_dir: str, *, device: str = "cpu", dtype: str = "float32",
-                              batch_size: int = 32, progress: Callable[[int, int], None] | None = None
-                              ) -> tuple[TransformersBackend, Any]:
+                              batch_size: int = 32) -> tuple[TransformersBackend, Any]:
     """Load a local model folder and its tokenizer (never from a hub) into a :class:`TransformersBackend`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
-    return TransformersBackend(model, tokenizer, device=device, batch_size=batch_size, progress=progress), tokenizer
+    return TransformersBackend(model, tokenizer, device=device, batch_size=batch_size), tokenizer

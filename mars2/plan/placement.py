@@ -47,7 +47,7 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
     gpus = owner_gpus(cp)
     members = []
     for m in run.agents.members:
-        ids = gpus.get(m.shares_weights_with or m.name, []) if m.device.startswith("cuda") else []
+        ids = gpus.get(m.owner, []) if m.device.startswith("cuda") else []
         if ids and m.device.startswith("cuda:") and m.device != f"cuda:{ids[0]}":
             raise PlanRefused(f"agent {m.name!r}: device {m.device!r} names a GPU but the plan places it on GPUs {ids}; "
                               "write device: cuda (the plan's placement picks the GPUs)")

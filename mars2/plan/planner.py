@@ -367,7 +367,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
     node_host: dict[int, int] = {}
     node_agents: dict[int, list[int]] = {}
     for m in cfg.agents.owners:
-        roles = [x.name for x in members if (x.shares_weights_with or x.name) == m.name]
+        roles = [x.name for x in members if x.owner == m.name]
         shape = model_shape(m.model, m.tiny)
         dtype_bytes = DTYPE_BYTES[m.dtype]
         profile = deepspeed_profile(cfg, m)

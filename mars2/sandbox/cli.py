@@ -219,9 +219,7 @@ def _grade(jobs: list, pool, args: argparse.Namespace) -> list:
 
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     """``rows`` as JSON lines at ``path``, atomically (temporary file, then rename)."""
+    from mars2.io import atomic_write_text
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -124,7 +124,6 @@ class TreeSearch:
         self.rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
         self.rounds: dict[str, Round] = {}
         self.finished_rounds = dict.fromkeys(self.by_id, 0)
-        self.request_seed_base = sampling.seed
         self.params = dataclasses.replace(sampling, n=1)
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # ("generated", [(pid, j, Future)]) | ("graded", keys, F)
         self.held: dict[str, list[tuple[str, int]]] = {a: [] for a in self.names}  # for backends without submit
@@ -170,7 +169,7 @@ class TreeSearch:
         for j in range(min(self.k, self.max_nodes - len(tree))):
             exp = self.policy.ask(tree, self.rngs[pid])
             text = self.agents[exp.agent].chat(_prompt(self.by_id[pid], exp, self.rows[pid], self.detailed_feedback))
-            asks.append((exp, request_seed(self.request_seed_base, pid, len(tree) + j), text))
+            asks.append((exp, request_seed(self.params.seed, pid, len(tree) + j), text))
         n = len(asks)
         self.rounds[pid] = Round(asks, [None] * n, [None] * n, [None] * n, n)
         for j, (exp, request, text) in enumerate(asks):
