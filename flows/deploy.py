@@ -16,8 +16,9 @@ needs ``pip install -e .`` of the same code and ``MARS2_HOME`` pointing at the s
 - ``sweep/<pool>``: submits one ``train-cycle`` run per point of a grid written in Hydra's ``-m`` syntax
   (``["agents=tiny_cpu,tiny_cpu_single", "train.kl_coef=1e-3,2e-3"]``), waits for them, and fails naming the
   points that did not complete (``wait=False``: submit and return).
-- ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml``: one stage of a train cycle run
-  with ``orchestration=pools`` (``pipeline/dispatch.py``).
+- ``stage/<pool>`` for every pool named in ``conf/orchestration/pools.yaml`` and in the overrides given
+  (``orchestration.node_pools=[gpu-node0,gpu-node1]``: a run on several nodes): one stage of a train cycle run
+  with ``orchestration=pools``, or an agent's engine served on that pool's node (``pipeline/dispatch.py``).
 
 Missing work pools are created as ``process`` pools (``--no-create-pools`` to skip). ``train-cycle/<pool>`` runs
 one flow run at a time by default (each run's CPU budget is all of its worker's cores; ``--concurrency``).
@@ -135,9 +136,10 @@ def wait_for(runs: Iterable, timeout_s: float) -> dict[str, str]:
 # ---------------------------------------------------------------- registration
 
 def stage_pools(overrides: Sequence[str] = ()) -> list[str]:
-    """Every pool named by ``orchestration=pools`` (plus ``overrides``, e.g. ``orchestration.pools.update=a100``)."""
+    """Every pool named by ``orchestration=pools`` (plus ``overrides``, e.g. ``orchestration.pools.update=a100`` or
+    ``orchestration.node_pools=[gpu-node0,gpu-node1]``)."""
     cfg = load_cfg(["orchestration=pools", *overrides])
-    return sorted({*cfg.orchestration.pools.values(), cfg.orchestration.flow_pool})
+    return sorted({*cfg.orchestration.pools.values(), cfg.orchestration.flow_pool, *cfg.orchestration.node_pools})
 
 
 def ensure_pools(names: Iterable[str]) -> list[str]:

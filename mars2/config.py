@@ -31,6 +31,7 @@ PARITIES = ("script", "lcb")
 EVAL_SPLITS = ("eval", "train")
 ORCHESTRATION_MODES = ("local", "pools")
 STAGES = ("data", "agents", "bootstrap", "rollout", "grading", "advantage", "update", "evaluation")
+GENERATION_STAGES = ("rollout", "evaluation")  # the dispatched stages that generate with every agent's engine
 
 
 def choice(default: str | None, allowed: tuple[str, ...], hint: str = "") -> Any:
@@ -151,6 +152,10 @@ class AgentConfig:
     gpu_ids: list[int] = field(default_factory=list, metadata={"cache_key": False})
     """the GPUs (indices as the worker sees them) this agent's engines and update use: set at the flow's entry from the
     plan's placement (mars2.plan.placement); a value given here must equal the plan's."""
+    node: int | None = field(default=None, metadata={"cache_key": False})
+    """the node (index into orchestration.node_pools) this agent's engines and update run on: the plan's for an agent
+    on GPUs (a value given here must equal it), else the one given; null: node 0. A role sharing weights runs on its
+    owner's node."""
 
     @property
     def processes(self) -> int:
@@ -573,6 +578,10 @@ class OrchestrationConfig:
     """the pool train-cycle itself runs on; its stages run inside the flow run's process."""
     stage_timeout_s: float | None = None
     """pools: fail a dispatched stage not finished after this long (null = wait)."""
+    node_pools: list[str] = field(default_factory=list)
+    """pools, a run on several nodes: the work pool of each node (index = the plan's node number, the agents'
+    ``node``). Each owner's update runs on its node's pool and its engine is a service there that the generation
+    stages reach over TCP; empty: the engines run on the node of the stage that generates."""
 
 
 @dataclass
@@ -685,6 +694,7 @@ def validate(cfg: RunConfig, *, cuda_available: bool | None = None, planning: bo
     if cfg.cpus < 0:
         _fail(f"cpus={cfg.cpus} must be >= 0", "The run's CPU budget in cores; 0: the cores this process may use.")
     _validate_agents(cfg, cuda_available, planning)
+    _validate_nodes(cfg)
     from mars2.data.validation import data_config_errors  # lazy: keeps this module import-light
 
     for what, allowed in data_config_errors(cfg.data, files=not planning)[:1]:  # after the agents: "this is a GPU
@@ -912,3 +922,29 @@ def _validate_orchestration(o: OrchestrationConfig) -> None:
         _fail(f"orchestration: empty pool name for {empty or ['flow_pool']}", "Name a Prefect work pool, e.g. cpu or gpu.")
     if o.stage_timeout_s is not None and o.stage_timeout_s <= 0:
         _fail(f"orchestration.stage_timeout_s={o.stage_timeout_s} is invalid", "Use null (wait) or a number of seconds > 0.")
+    if o.node_pools and (o.mode != "pools" or any(not p for p in o.node_pools)):
+        _fail(f"orchestration.node_pools={list(o.node_pools)} needs orchestration=pools and a pool name per node",
+              "Run on several nodes with orchestration=pools 'orchestration.node_pools=[gpu-node0,gpu-node1]'.")
+    generating = sorted(s for s in GENERATION_STAGES if o.pools.get(s, o.flow_pool) == o.flow_pool)
+    if o.node_pools and generating:
+        _fail(f"orchestration.node_pools: stage(s) {generating} would run in the flow's own process (pool "
+              f"{o.flow_pool!r}), which reaches no engine on another node",
+              "Send the generation stages to a worker pool: orchestration.pools.<stage>=<pool> (pools.yaml does).")
+
+
+def _validate_nodes(cfg: RunConfig) -> None:
+    """Each owner's node is one of ``orchestration.node_pools`` (none given: node 0 only); a role runs on its
+    owner's."""
+    pools = cfg.orchestration.node_pools
+    owners = {m.name: m for m in cfg.agents.members}
+    for i, m in enumerate(cfg.agents.members):
+        node = m.node or 0
+        if node < 0 or node >= max(1, len(pools)):
+            _fail(f"agents.members.{i} ({m.name!r}): node={m.node} but the run has {max(1, len(pools))} node(s) "
+                  f"(orchestration.node_pools={list(pools)})",
+                  "A run on several nodes names each node's work pool: orchestration=pools "
+                  "'orchestration.node_pools=[gpu-node0,gpu-node1]'; leave node unset for one node.")
+        owner = owners.get(m.owner)
+        if owner is not None and owner is not m and m.node is not None and m.node != owner.node:
+            _fail(f"agents.members.{i} ({m.name!r}): node={m.node} but it shares the weights of {m.owner!r} "
+                  f"(node={owner.node})", "A role runs on its weight owner's node: leave its node unset.")

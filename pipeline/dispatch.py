@@ -12,6 +12,11 @@ stage's :class:`StageRecord`:
   record to ``<root>/dispatch/<its flow run id>.json``, where this process reads it back. ``.submit(...)``
   starts the flow run in a thread and returns a future: per-agent updates run concurrently on the pool's workers.
 
+A run on several nodes (``orchestration.node_pools``, the plan's node of each owner in ``StageContext.engine_pools``)
+sends each owner's update to its node's pool, and a generation stage reaches the engine of an owner on another node
+through a ``serve_engine`` flow run on that node's pool (:func:`serve_engine`): it starts (or keeps) the owner's
+engine service there, listening on TCP, and the stage attaches to it (``EngineClient(provide=...)``).
+
 Every worker must see the run folder at the same path (``$MARS2_HOME`` on shared storage): the stage folders, the
 only cache, live there, not in Prefect.
 """
@@ -23,6 +28,7 @@ import dataclasses
 import inspect
 import json
 import typing
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +37,9 @@ from typing import Any
 from prefect import flow
 from prefect.states import State
 
-from mars2.config import BackendConfig, ConfigError, OrchestrationConfig
+from mars2.backends.engine import EngineClient, EngineSpec, node_name
+from mars2.backends.base import visible_devices
+from mars2.config import AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
 from pipeline.stage import StageContext, StageRecord
 from tasks.advantage import compute_advantages
@@ -39,7 +47,7 @@ from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents
 from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
-from pipeline.engines import node_engines
+from pipeline.engines import node_engines, node_services_dir
 from pipeline.runtime import use_cpu_budget
 from tasks.evaluation import evaluate
 from tasks.gate import refine_gate
@@ -51,6 +59,8 @@ ALL = {f.__name__: f for f in (prepare_dataset, init_agents, bootstrap_agents, i
                                 compute_advantages, update_policy, evaluate, refine_gate)}
 STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are named after their pool
 DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
+SERVE_ENGINE = "serve_engine"  # not a stage: the `stage` flow's request to start an agent's engine on its node
+PER_OWNER = ("update_policy",)  # stages of one owner: on its node's pool when the run spans nodes
 
 
 def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNamespace:
@@ -65,6 +75,13 @@ def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNam
         name: LocalStage(t, failed) if pool[name] == orchestration.flow_pool
         else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor, failed)
         for name, t in ALL.items()})
+
+
+def owner_pools(orchestration: OrchestrationConfig, owners: list[AgentConfig]) -> dict[str, str]:
+    """Weight owner → the work pool of its node (``orchestration.node_pools[owner.node]``); empty on one node."""
+    if orchestration.mode != "pools" or not orchestration.node_pools:
+        return {}
+    return {m.name: orchestration.node_pools[m.node or 0] for m in owners}
 
 
 def task_run_name(task, arguments: dict[str, Any]) -> str:
@@ -132,29 +149,45 @@ class PoolStage:
             self.failed.append(task_run_name(self.task, arguments))
             raise
 
-    def _run(self, arguments: dict[str, Any]) -> StageRecord:
-        from prefect.deployments import run_deployment
-        from prefect.exceptions import ObjectNotFound
+    def pool_for(self, arguments: dict[str, Any]) -> str:
+        """The stage's pool; an owner's stage of a run on several nodes: its node's."""
+        if self.name in PER_OWNER:
+            return arguments["ctx"].engine_pools.get(arguments["member"].owner, self.pool)
+        return self.pool
 
-        deployment = f"{STAGE_FLOW}/{self.pool}"
+    def _run(self, arguments: dict[str, Any]) -> StageRecord:
+        pool = self.pool_for(arguments)
         run_name = task_run_name(self.task, arguments)
-        try:
-            run = run_deployment(deployment, parameters={"stage": self.name, "args": encode_args(arguments)},
-                                 flow_run_name=run_name, timeout=self.timeout_s, poll_interval=2)
-        except ObjectNotFound:
-            raise RuntimeError(f"no deployment {deployment!r} on the Prefect server: register it with "
-                               f"`python flows/deploy.py` and start a worker: `prefect worker start --pool {self.pool}`"
-                               ) from None
-        state = run.state
-        if state is None or not state.is_final():
-            _cancel(run.id)
-            raise TimeoutError(f"stage {run_name} on pool {self.pool!r} was not finished after "
-                               f"orchestration.stage_timeout_s={self.timeout_s} s (state {state and state.name}); is a "
-                               f"worker polling it? `prefect worker start --pool {self.pool}`")
-        if not state.is_completed():
-            raise RuntimeError(f"stage {run_name} failed on pool {self.pool!r}: flow run {run.name} ({run.id}) "
-                               f"ended {state.name}: {state.message or ''}".rstrip(": "))
-        return read_dispatched(arguments["ctx"].root, str(run.id))
+        run_id = run_on_pool(pool, {"stage": self.name, "args": encode_args(arguments), "pool": pool}, run_name,
+                             timeout_s=self.timeout_s, timeout_hint="orchestration.stage_timeout_s")
+        return read_dispatched(arguments["ctx"].root, run_id)
+
+
+def run_on_pool(pool: str, parameters: dict[str, Any], run_name: str, *, timeout_s: float | None,
+                timeout_hint: str) -> str:
+    """Run the ``stage`` flow on ``pool`` (a subflow of the calling flow run, named ``run_name``) and wait; its flow
+    run id, once it completed. ``timeout_hint`` names the setting behind ``timeout_s`` in the error."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    deployment = f"{STAGE_FLOW}/{pool}"
+    what = f"stage {run_name}" if parameters["stage"] in ALL else f"{parameters['stage']} {run_name}"
+    try:
+        run = run_deployment(deployment, parameters=parameters, flow_run_name=run_name, timeout=timeout_s,
+                             poll_interval=2)
+    except ObjectNotFound:
+        raise RuntimeError(f"no deployment {deployment!r} on the Prefect server: register it with "
+                           f"`python flows/deploy.py` and start a worker: `prefect worker start --pool {pool}`"
+                           ) from None
+    state = run.state
+    if state is None or not state.is_final():
+        _cancel(run.id)
+        raise TimeoutError(f"{what} on pool {pool!r} was not finished after {timeout_hint}={timeout_s} s (state "
+                           f"{state and state.name}); is a worker polling it? `prefect worker start --pool {pool}`")
+    if not state.is_completed():
+        raise RuntimeError(f"{what} failed on pool {pool!r}: flow run {run.name} ({run.id}) "
+                           f"ended {state.name}: {state.message or ''}".rstrip(": "))
+    return str(run.id)
 
 
 def _cancel(flow_run_id) -> None:
@@ -175,28 +208,68 @@ def _cancel(flow_run_id) -> None:
 # ---------------------------------------------------------------- the far side: the `stage` flow
 
 @flow(name=STAGE_FLOW, log_prints=True)
-def stage_flow(stage: str, args: dict[str, Any]) -> str:
+def stage_flow(stage: str, args: dict[str, Any], pool: str = "") -> str:
     """Run one stage task (``stage`` = its function name, e.g. ``rollout``) with JSON-encoded ``args``, in the run
-    folder named by ``args["ctx"]["root"]``; its record goes to ``<root>/dispatch/<this flow run id>.json``."""
+    folder named by ``args["ctx"]["root"]``, on a worker of ``pool``; its record goes to
+    ``<root>/dispatch/<this flow run id>.json``. ``stage`` = ``serve_engine``: :func:`serve_engine`."""
     from prefect.runtime import flow_run
 
-    if stage not in ALL:
+    if stage != SERVE_ENGINE and stage not in ALL:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(ALL)}")
-    kwargs = decode_args(ALL[stage], args)
-    root = kwargs["ctx"].root
-    use_cpu_budget(kwargs["ctx"].cpus)  # this worker's cores when the run's budget is 0
-    if not Path(root).is_dir():
-        raise FileNotFoundError(f"run folder {root} is not on this worker: every worker must mount the run folder "
-                                "($MARS2_HOME) at the same path")
-    # the generation stages (their BackendConfig argument): the node's engine services of the run; the others
-    # generate nothing
-    with node_engines(kwargs.get("backend") or BackendConfig(persistent=False), kwargs["ctx"]) as engines:
-        kwargs["ctx"] = dataclasses.replace(kwargs["ctx"], engines=engines)
+    kwargs = decode_args(ALL[stage].fn if stage in ALL else serve_engine, args)
+    ctx = kwargs["ctx"]
+    use_cpu_budget(ctx.cpus)  # this worker's cores when the run's budget is 0
+    if not Path(ctx.root).is_dir():
+        raise FileNotFoundError(f"run folder {ctx.root} is not on this worker: every worker must mount the run "
+                                "folder ($MARS2_HOME) at the same path")
+    path = Path(ctx.root) / DISPATCH_DIR / f"{flow_run.id}.json"
+    if stage == SERVE_ENGINE:
+        atomic_write_json(path, {"service_dir": str(serve_engine(**kwargs))})
+        return str(path)
+    # the generation stages (their BackendConfig argument): the node's engine services of the run, and the engines
+    # of owners on other nodes; the others generate nothing
+    backend = kwargs.get("backend") or BackendConfig(persistent=False)
+    remote = {owner: remote_engine(p, ctx, backend) for owner, p in ctx.engine_pools.items() if p != pool}
+    with node_engines(backend, ctx, remote) as engines:
+        kwargs["ctx"] = dataclasses.replace(ctx, engines=engines)
         record = getattr(placed_stages(), stage)(**kwargs)
-    path = Path(root) / DISPATCH_DIR / f"{flow_run.id}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, dataclasses.asdict(record))
     return str(path)
+
+
+def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) -> Path:
+    """On the owner's node: its engine service of the run holding ``spec.version`` (attached to if it runs, else
+    started on TCP), left running for the stage that asked; returns the node's service folder. The spec's GPU
+    indices are the plan's on this node, mapped through this worker's ``CUDA_VISIBLE_DEVICES``."""
+    import os
+
+    if spec.cuda_visible_devices:
+        ids = [int(i) for i in spec.cuda_visible_devices.split(",")]
+        spec = dataclasses.replace(spec, cuda_visible_devices=visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
+    folder = node_services_dir(ctx)
+    engine = EngineClient(spec, service_dir=folder, start_timeout_s=backend.start_timeout_s,
+                          idle_exit_s=backend.service_idle_exit_s, listen_tcp=True)
+    try:
+        engine.load(spec.model_dir, spec.version)
+    finally:
+        engine.close()
+    print(f"engine of {spec.agent} serves {spec.version} on {node_name()}")
+    return folder
+
+
+def remote_engine(pool: str, ctx: StageContext, backend: BackendConfig) -> Callable[[EngineSpec], Path]:
+    """The ``provide`` of an owner whose node's work pool is ``pool``: a ``serve_engine`` flow run there."""
+    def provide(spec: EngineSpec) -> Path:
+        arguments = {"ctx": ctx, "spec": spec, "backend": backend}
+        run_id = run_on_pool(pool, {"stage": SERVE_ENGINE, "args": encode_args(arguments), "pool": pool},
+                             f"engine-{spec.agent}", timeout_s=backend.start_timeout_s + REMOTE_PICKUP_S,
+                             timeout_hint=f"backend.start_timeout_s + {REMOTE_PICKUP_S:.0f}")
+        return Path(json.loads((Path(ctx.root) / DISPATCH_DIR / f"{run_id}.json").read_text())["service_dir"])
+
+    return provide
+
+
+REMOTE_PICKUP_S = 300.0  # a serve_engine flow run's time to reach its node's worker, beyond the engine's start
 
 
 def read_dispatched(root: str, flow_run_id: str) -> StageRecord:
@@ -216,9 +289,9 @@ def encode_args(arguments: dict[str, Any]) -> dict[str, Any]:
                                else value for name, value in arguments.items()})
 
 
-def decode_args(task, args: dict[str, Any]) -> dict[str, Any]:
-    """Rebuild typed arguments (StageContext, configs, records) from :func:`encode_args`, by the task's signature."""
+def decode_args(fn, args: dict[str, Any]) -> dict[str, Any]:
+    """Rebuild typed arguments (StageContext, configs, records) from :func:`encode_args`, by ``fn``'s signature."""
     from pydantic import TypeAdapter
 
-    hints = typing.get_type_hints(task.fn)
+    hints = typing.get_type_hints(fn)
     return {name: TypeAdapter(hints.get(name, Any)).validate_python(value) for name, value in args.items()}

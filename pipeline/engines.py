@@ -11,13 +11,12 @@ every backend fresh.
 from __future__ import annotations
 
 import contextlib
-import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 from mars2.backends.base import SERVICE_IDLE_EXIT_S, CountedBackend, SleepingBackend
-from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec
+from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec, node_name
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
 from pipeline.stage import StageContext
@@ -25,15 +24,20 @@ from pipeline.stage import StageContext
 
 class EnginePool:
     """The engines a process hands out: its own children (``service_dir`` None: the flow's run in local mode) or the
-    node's services of the run (``service_dir``: a stage flow run on a pool worker)."""
+    node's services of the run (``service_dir``: a stage flow run on a pool worker); ``remote``: owner → the
+    ``provide`` of an owner whose engine runs on another node (:class:`EngineClient`); ``listen_tcp``: the services
+    this process starts are reachable from other nodes."""
 
     def __init__(self, persistent: bool, *, start_timeout_s: float, run_dir: Path | None = None,
-                 service_dir: Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
+                 service_dir: Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S,
+                 remote: dict[str, Callable[[EngineSpec], Path]] | None = None, listen_tcp: bool = False):
         self.persistent = persistent
         self.start_timeout_s = start_timeout_s
         self.idle_exit_s = idle_exit_s  # a node service's (backend.service_idle_exit_s)
         self.run_dir = run_dir
         self.service_dir = service_dir
+        self.remote = remote or {}
+        self.listen_tcp = listen_tcp
         self.engines: dict[str, EngineClient] = {}
         self.handed_out: list = []  # (owner, backend): every backend of the run, for engine_starts
 
@@ -47,7 +51,8 @@ class EnginePool:
                 engine = EngineClient(EngineSpec(owner, model_dir, tokenizer_dir, version, device=device, dtype=dtype,
                                                  batch_size=batch_size, threads=threads, **kind),
                                       service_dir=self.service_dir, start_timeout_s=self.start_timeout_s,
-                                      idle_exit_s=self.idle_exit_s)
+                                      idle_exit_s=self.idle_exit_s, listen_tcp=self.listen_tcp,
+                                      provide=self.remote.get(owner))
             except EngineError as e:  # the failed run's engine_starts still counts the start it paid for
                 self.handed_out.append((owner, SimpleNamespace(starts=e.starts)))
                 raise
@@ -76,7 +81,7 @@ class EnginePool:
         for engine in self.engines.values():
             engine.close()
         if self.service_dir is not None and self.handed_out:
-            lines = "".join(f"{owner} {socket.gethostname()} fresh\n"
+            lines = "".join(f"{owner} {node_name()} fresh\n"
                             for owner, backend in self.handed_out for _ in range(starts_of(backend)))
             self.service_dir.parent.mkdir(parents=True, exist_ok=True)
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one write: an atomic append
@@ -84,7 +89,8 @@ class EnginePool:
 
 
 def run_engines_dir(ctx: StageContext) -> Path:
-    """``<root>/engines/<flow run id>``: the run's node services register here, one folder per host."""
+    """``<root>/engines/<flow run id>``: the run's node services register here, one folder per node
+    (:func:`~mars2.backends.engine.node_name`)."""
     return Path(ctx.root) / "engines" / (ctx.flow_run_id or "local")
 
 
@@ -106,16 +112,24 @@ def engine_pool(backend: BackendConfig, ctx: StageContext | None = None) -> Iter
 
 
 @contextlib.contextmanager
-def node_engines(backend: BackendConfig, ctx: StageContext) -> Iterator[EnginePool]:
+def node_engines(backend: BackendConfig, ctx: StageContext,
+                 remote: dict[str, Callable[[EngineSpec], Path]] | None = None) -> Iterator[EnginePool]:
     """A stage flow run's engines on a pool worker: the node's services of the run (started by the first stage
     that needs one, attached to by the next; each exits after ``backend.service_idle_exit_s`` with no stage
-    connected), disconnected from when the block ends."""
-    pool = EnginePool(backend.persistent, service_dir=run_engines_dir(ctx) / socket.gethostname(),
-                      start_timeout_s=backend.start_timeout_s, idle_exit_s=backend.service_idle_exit_s)
+    connected), disconnected from when the block ends; ``remote``: the owners whose engines run on other nodes.
+    A run on several nodes (``ctx.engine_pools``) starts its services on TCP."""
+    pool = EnginePool(backend.persistent, service_dir=node_services_dir(ctx),
+                      start_timeout_s=backend.start_timeout_s, idle_exit_s=backend.service_idle_exit_s,
+                      remote=remote, listen_tcp=bool(ctx.engine_pools))
     try:
         yield pool
     finally:
         pool.close()
+
+
+def node_services_dir(ctx: StageContext) -> Path:
+    """This node's folder of the run's services: ``<root>/engines/<flow run id>/<node name>``."""
+    return run_engines_dir(ctx) / node_name()
 
 
 def release(runners: dict) -> None:

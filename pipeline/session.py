@@ -23,7 +23,7 @@ from pipeline.engines import engine_pool
 from pipeline.report import RunReport
 from pipeline.runtime import use_cpu_budget
 from pipeline.stage import StageContext, StageRecord
-from pipeline.dispatch import placed_stages
+from pipeline.dispatch import owner_pools, placed_stages
 
 
 @dataclass
@@ -50,7 +50,8 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
     """Open the flow run's session. ``dispatch``: stages run where ``cfg.orchestration`` places them (the train
     flow); otherwise all in this process. ``kind`` and ``run_name`` name the MLflow run."""
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
-                       fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus)
+                       fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus,
+                       engine_pools=owner_pools(cfg.orchestration, cfg.agents.owners) if dispatch else {})
     use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id, run_name=run_name,

@@ -58,6 +58,9 @@ class StageContext:
     fail_at: str | None = None
     progress_every_s: float = 30.0  # not on a terminal: a plain progress line per stage this often (0: none)
     cpus: int = 0  # the run's CPU budget (mars2.cpu.cpu_budget: 0 is the usable cores of the machine running a stage)
+    # weight owner -> the work pool of the node its engines and update run on (orchestration.node_pools); empty: the
+    # run's engines all run on the node of the stage that generates
+    engine_pools: dict[str, str] = field(default_factory=dict)
     # the run's generation engines on this machine (a pipeline.engines.EnginePool, opened by the flow or the stage flow
     # run; it never leaves the process); None: every backend is loaded fresh
     engines: Any = field(default=None, compare=False, repr=False)

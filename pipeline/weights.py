@@ -26,14 +26,15 @@ def tokenizer_dir(record: StageRecord, owner: str) -> str:
     return record.weights_of(owner).tokenizer_dir
 
 
-def engine_placement(member: AgentConfig) -> tuple[str, str | None]:
+def engine_placement(member: AgentConfig, *, remote: bool = False) -> tuple[str, str | None]:
     """(device, ``CUDA_VISIBLE_DEVICES``) of ``member``'s engine process. Placed by the plan (``gpu_ids``): a vLLM
     engine sees all the agent's GPUs, a transformers engine the first, as ``cuda`` (index 0 up) inside; unplaced: the
-    member's device, this process's GPUs."""
+    member's device, this process's GPUs. The indices go through this worker's ``CUDA_VISIBLE_DEVICES``, except for
+    an engine on another node (``remote``): its node maps them through its own (``pipeline.dispatch.serve_engine``)."""
     if not member.gpu_ids:
         return member.device, None
     ids = list(member.gpu_ids) if member.backend == "vllm" else list(member.gpu_ids[:1])
-    return "cuda", visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return "cuda", visible_devices(ids, None if remote else os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def in_process_device(member: AgentConfig) -> str:
@@ -49,9 +50,11 @@ def load_backend(member: AgentConfig, weight_records: dict[str, StageRecord], ag
     settings (vLLM's, and whether the run's engine pool serves it); ``threads``: torch threads of a CPU engine
     process (0: torch's default); ``pool``: the run's engines (None: a fresh backend, not counted).
 
-    Checks this worker first (model folder, CUDA): in ``orchestration=pools`` the flow's machine did not."""
-    check_machine([member], stage="rollout/evaluation")
+    Checks this worker first (model folder, CUDA) for an engine of its own: in ``orchestration=pools`` the flow's
+    machine did not."""
     owner = member.owner
+    if pool is None or owner not in pool.remote:  # an engine on another node: that node's engine start checks it
+        check_machine([member], stage="rollout/evaluation")
     generator, tok = _load_backend(member, owner, weight_records, agents, batch_size=batch_size, backend=backend,
                                    pool=pool, threads=threads)
     if pool is not None and not isinstance(generator, EngineClient):
@@ -62,7 +65,7 @@ def load_backend(member: AgentConfig, weight_records: dict[str, StageRecord], ag
 def _load_backend(member: AgentConfig, owner: str, weight_records: dict[str, StageRecord], agents: StageRecord, *,
                   batch_size: int, backend: BackendConfig | None, pool: EnginePool | None,
                   threads: int):
-    device, visible = engine_placement(member)
+    device, visible = engine_placement(member, remote=pool is not None and owner in pool.remote)
     if member.backend == "vllm":
         from transformers import AutoTokenizer
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from pipeline.stage import AgentWeights, StageContext, StageRecord, stage_digest
 from pipeline.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]
+NODES = "gpu,gpu1"  # the work pools of the stack's two nodes
 SMALL = [*RANDOM_TEAM, "eval.before=False", "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
          "train.cycles=1", "grading.time_limit_s=2"]
@@ -203,7 +205,7 @@ def test_stage_arguments_reach_a_worker_with_the_same_cache_key(name):
     task = ALL[name]
     arguments = _stage_call(name)
     sent = json.loads(json.dumps(encode_args(arguments)))  # what Prefect stores and hands the worker
-    received = decode_args(task, sent)
+    received = decode_args(task.fn, sent)
     assert received == arguments
     assert {k: type(v) for k, v in received.items()} == {k: type(v) for k, v in arguments.items()}
     modules = ("pipeline.dispatch",)
@@ -230,6 +232,26 @@ def test_stages_are_placed_by_their_pools(tmp_path):
         placed_stages(orchestration)
 
 
+def test_a_run_on_several_nodes_sends_each_owners_update_to_its_nodes_pool():
+    """orchestration.node_pools: the owners' nodes become StageContext.engine_pools, which route each update (a role
+    sharing weights is updated with its owner) while the other stages keep their pools; deploy registers a stage
+    deployment for every node's pool."""
+    from pipeline.dispatch import PoolStage, owner_pools
+    from flows.deploy import stage_pools
+
+    run = compose_run(["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents.members.1.node=1"],
+                      cuda_available=False)
+    pools = owner_pools(run.orchestration, run.agents.owners)
+    assert pools == {"qwen_tiny": "n0", "llama_tiny": "n1"}
+    assert owner_pools(compose_run(["orchestration=pools"], cuda_available=False).orchestration, run.agents.owners) == {}
+    ctx = StageContext(root="/r", engine_pools=pools)
+    update = PoolStage("update_policy", None, "gpu", None, None, [])
+    assert [update.pool_for({"ctx": ctx, "member": m}) for m in run.agents.members] == ["n0", "n1"]
+    assert update.pool_for({"ctx": StageContext(root="/r"), "member": run.agents.members[1]}) == "gpu"
+    assert PoolStage("rollout", None, "gpu", None, None, []).pool_for({"ctx": ctx}) == "gpu"
+    assert {"n0", "n1", "gpu", "cpu"} <= set(stage_pools(["orchestration.node_pools=[n0,n1]"]))
+
+
 def test_local_submit_runs_now_and_returns_a_finished_future():
     from pipeline.dispatch import LocalStage
 
@@ -252,6 +274,14 @@ def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
     (["orchestration.mode=cloud"], "orchestration.mode='cloud' is unknown"),
     (["+orchestration.pools.nope=gpu"], "unknown stage"),
     (["orchestration.stage_timeout_s=0"], "stage_timeout_s"),
+    (["orchestration.node_pools=[n0,n1]"], "node_pools=\\['n0', 'n1'\\] needs orchestration=pools"),
+    (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "orchestration.pools.rollout=cpu"],
+     r"stage\(s\) \['rollout'\] would run in the flow's own process"),
+    (["orchestration=pools", "orchestration.node_pools=[n0]", "agents.members.1.node=1"],
+     r"node=1 but the run has 1 node\(s\)"),
+    (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents=tiny_cpu_homogeneous",
+      "agents.members.1.node=1"],
+     "shares the weights of"),
 ])
 def test_bad_orchestration_gives_a_clear_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -290,12 +320,13 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """prefect server (SQLite) + deployments + process workers on pools cpu and gpu; stopped afterwards."""
+    """prefect server (SQLite) + deployments + process workers on pools cpu, gpu and gpu1 (a second node: its
+    worker's MARS2_NODE_NAME is node1; every node is reached at 127.0.0.1); stopped afterwards."""
     tmp = tmp_path_factory.mktemp("stack")
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     base = _env(tmp, PREFECT_HOME=str(tmp / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
-    client_env = {**base, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1"}
+    client_env = {**base, "PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1", "MARS2_NODE_ADDRESS": "127.0.0.1"}
     procs: list[subprocess.Popen] = []
 
     def start(args, env, log):
@@ -316,11 +347,12 @@ def stack(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "prefect server did not start in 120 s"
             time.sleep(1)
-        reg = subprocess.run([sys.executable, "flows/deploy.py", "--pool", "cpu"], cwd=ROOT, env=client_env,
-                             capture_output=True, text=True, timeout=180)
+        reg = subprocess.run([sys.executable, "flows/deploy.py", "--pool", "cpu", f"orchestration.node_pools=[{NODES}]"],
+                             cwd=ROOT, env=client_env, capture_output=True, text=True, timeout=180)
         assert reg.returncode == 0, reg.stdout + reg.stderr
-        for pool in ("cpu", "gpu"):
-            start(["prefect", "worker", "start", "--pool", pool, "--type", "process"], client_env, f"worker-{pool}.log")
+        for pool, node in (("cpu", {}), ("gpu", {}), ("gpu1", {"MARS2_NODE_NAME": "node1"})):
+            start(["prefect", "worker", "start", "--pool", pool, "--type", "process"], {**client_env, **node},
+                  f"worker-{pool}.log")
         yield dict(tmp=tmp, api=api, env=client_env, home=Path(base["MARS2_HOME"]), register=reg.stdout)
     finally:
         _stop(procs[1:])  # the workers, then the server they talk to
@@ -371,13 +403,14 @@ def _worker_submitted(stack, flow_run_id: str) -> datetime:
 
 
 def _logs(stack) -> str:
-    return "\n".join((stack["tmp"] / f).read_text()[-4000:] for f in ("worker-cpu.log", "worker-gpu.log"))
+    return "\n".join((stack["tmp"] / f).read_text()[-4000:] for f in ("worker-cpu.log", "worker-gpu.log",
+                                                                     "worker-gpu1.log"))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_registration_makes_every_deployment(stack):
-    for name in ("train-cycle/cpu", "sweep/cpu", "stage/cpu", "stage/gpu"):
+    for name in ("train-cycle/cpu", "sweep/cpu", "stage/cpu", "stage/gpu", "stage/gpu1"):
         assert f"deployment {name} " in stack["register"]
     # each run's default CPU budget is all of its worker's cores: a sweep's points take turns (docs/cpu.md)
     r = httpx.get(f"{stack['api']}/deployments/name/train-cycle/cpu", timeout=10)
@@ -438,33 +471,44 @@ def test_default_flow_runs_from_its_deployment_submitted_by_the_sweep_deployment
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_pools_mode_runs_gpu_stages_on_the_gpu_pool_and_updates_concurrently(stack):
-    """``flows/deploy.py sweep --wait`` from the command line, with ``orchestration=pools``: rollout, both agents'
-    updates (at the same time) and evaluation run as ``stage`` flow runs on the gpu pool's worker."""
+def test_pools_mode_runs_each_owners_update_and_engine_on_its_nodes_pool(stack):
+    """``flows/deploy.py sweep --wait`` from the command line, with ``orchestration=pools`` on two nodes (pools gpu
+    and gpu1, llama_tiny on node 1): rollout and evaluation run as ``stage`` flow runs on the gpu pool, each agent's
+    update on its node's pool (both at once); the evaluation reaches llama_tiny's engine as a service on node1,
+    started there by a ``serve_engine`` flow run on gpu1, over TCP."""
     if "local_keys" not in stack:
         pytest.skip("needs the default run")
-    out, ids = _sweep(stack, *SMALL, "orchestration=pools", "train.seed=1")
+    out, ids = _sweep(stack, *SMALL, "orchestration=pools", f"orchestration.node_pools=[{NODES}]",
+                      "agents.members.1.node=1", "train.seed=1")
     assert out.returncode == 0 and ": Completed" in out.stdout, out.stdout + out.stderr + _logs(stack)
     table = _stage_table(stack, ids[0])
-    # the same cache keys in both modes: data, agents, rollout, grading and advantage (train.seed in none of their
-    # keys) came back from cache, the rollout through a gpu worker; train.seed=1 gives new updates and evaluation
+    # the same cache keys in both modes and on any node: data, agents, rollout, grading and advantage (train.seed in
+    # none of their keys) came back from cache, the rollout through a gpu worker; train.seed=1 gives new updates
+    # and evaluation
     assert table.loc[["data", "agents", "rollout", "grading", "advantage"], "status"].eq("cached").all()
     assert table.loc["rollout", "key"] == stack["local_keys"]["rollout"]
     assert table.loc[["update/qwen_tiny", "update/llama_tiny", "eval"], "status"].eq("ran").all()
     stages = {r["name"]: r for r in _flow_runs(stack, "stage")}
-    assert set(stages) == {"rollout-c0", "update-qwen_tiny-c0", "update-llama_tiny-c0", "evaluation-c0"}
+    assert set(stages) == {"rollout-c0", "update-qwen_tiny-c0", "update-llama_tiny-c0", "evaluation-c0",
+                           "engine-llama_tiny"}
     assert all(r["state_type"] == "COMPLETED" and r["parent_task_run_id"] for r in stages.values())
-    assert all(r["work_pool_name"] == "gpu" for r in stages.values())
-    # the worker launched each update before the other had finished (when each process got to its first line depends
-    # on how busy the machine is: on 2 loaded cores one can still be importing torch when the other ends)
+    assert {name: r["work_pool_name"] for name, r in stages.items()} == {
+        "rollout-c0": "gpu", "update-qwen_tiny-c0": "gpu", "update-llama_tiny-c0": "gpu1", "evaluation-c0": "gpu",
+        "engine-llama_tiny": "gpu1"}
+    # the dispatcher launched each update before the other had finished (when each process got to its first line
+    # depends on how busy the machine is: on 2 loaded cores one can still be importing torch when the other ends)
     a, b = (stages[n] for n in ("update-qwen_tiny-c0", "update-llama_tiny-c0"))
     launch_a, launch_b = (_worker_submitted(stack, r["id"]) for r in (a, b))
     end_a, end_b = (datetime.fromisoformat(r["end_time"]) for r in (a, b))
-    assert launch_a < end_b and launch_b < end_a, "the worker ran the two agents' updates one after the other"
-    assert len(list((stack["home"] / "dispatch").glob("*.json"))) == 4
-    # the evaluation's engines were node services on the gpu worker, counted by the flow and stopped with the run
+    assert launch_a < end_b and launch_b < end_a, "the two agents' updates ran one after the other"
+    assert len(list((stack["home"] / "dispatch").glob("*.json"))) == 5
+    # the evaluation's engines were node services, qwen_tiny's on the gpu worker's node and llama_tiny's on node1
+    # (TCP), counted by the flow and stopped with the run
     (starts,) = (stack["home"] / "engines").glob("*/starts")
-    assert sorted(line.split()[0] for line in starts.read_text().splitlines()) == ["llama_tiny", "qwen_tiny"]
+    assert sorted(line.split()[:2] for line in starts.read_text().splitlines()) == [
+        ["llama_tiny", "node1"], ["qwen_tiny", socket.gethostname()]]
+    record = json.loads((starts.parent / "node1" / "llama_tiny.json").read_text())
+    assert record["family"] == "AF_INET" and record["address"][0] == "127.0.0.1"
     assert (starts.parent / "STOP").exists()
     engine_starts = _mlflow_metric(stack, ids[0], "engine_starts")
     assert engine_starts == 2, engine_starts

@@ -12,9 +12,10 @@ import pytest
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineError
 from mars2.plan import PlanRefused, plan
-from mars2.plan.placement import owner_gpus, place
+from mars2.plan.placement import owner_gpus, owner_nodes, place
 from mars2.train.launch import launch_environment
 from pipeline.config import compose_run
+from pipeline.dispatch import owner_pools
 from pipeline.engines import EnginePool
 from tasks.update import update_devices
 from pipeline.weights import engine_placement, in_process_device
@@ -65,12 +66,32 @@ def test_each_owner_starts_on_the_gpus_its_plan_gives_it(preset, backend, paper_
 
 
 @pytest.mark.parametrize("preset", [p for p in GPU_PRESETS if p.startswith("heterogeneous")])
-def test_the_papers_one_node_per_agent_layout_is_refused_at_the_entry(preset, paper_data):
-    """Two owners on two nodes would have to generate into one tree from one process over node-local sockets: the
-    entry says so, and names the one-node layout, instead of a run that fails when the second engine starts."""
-    with pytest.raises(PlanRefused, match="must share a node") as e:
+def test_the_papers_one_node_per_agent_layout_needs_a_pool_per_node(preset, paper_data):
+    """Two owners on two nodes: without a work pool per node the entry refuses, naming both layouts that run,
+    instead of a run that fails when the second engine starts; with node pools each owner is placed on its node's
+    GPUs, its update routed to that node's pool and its engine provided there."""
+    with pytest.raises(PlanRefused, match="names a work pool for 1 node") as e:
         compose_run([f"agents={preset}", "orchestration=pools", *paper_data])
-    assert "on node0" in str(e.value) and "on node1" in str(e.value) and " ".join(ONE_NODE) in str(e.value)
+    message = str(e.value)
+    assert "on node0" in message and "on node1" in message and " ".join(ONE_NODE) in message
+    assert "'orchestration.node_pools=[gpu-node0,gpu-node1]'" in message
+    run = compose_run([f"agents={preset}", "orchestration=pools", *paper_data,
+                       "orchestration.node_pools=[gpu-node0,gpu-node1]"])
+    cp = plan(run)
+    assert [(m.node, m.gpu_ids) for m in run.agents.members] == [(0, list(range(8))), (1, list(range(8)))]
+    assert owner_nodes(cp) == {m.name: m.node for m in run.agents.members}
+    assert owner_pools(run.orchestration, run.agents.owners) == {run.agents.members[0].name: "gpu-node0",
+                                                                  run.agents.members[1].name: "gpu-node1"}
+    with pytest.raises(PlanRefused, match="node=0 but the plan places it on node 1"):
+        compose_run([f"agents={preset}", "orchestration=pools", *paper_data,
+                     "orchestration.node_pools=[gpu-node0,gpu-node1]", "agents.members.1.node=0"])
+
+
+def test_an_agent_the_plan_spreads_over_two_nodes_is_refused(paper_data):
+    with pytest.raises(PlanRefused, match=r"spreads agent\(s\) \['qwen3_8b'\] over several nodes"):
+        compose_run(["agents=heterogeneous_8b", "orchestration=pools", *paper_data, "plan.gpus_per_node=4",
+                     "plan.nodes=4", "agents.members.0.gpus=6", "agents.members.1.gpus=4",
+                     "orchestration.node_pools=[a,b,c,d]"])
 
 
 def test_engines_and_updates_map_the_plans_gpus_through_the_workers_own_visible_devices(paper_data, monkeypatch):

@@ -26,8 +26,8 @@ the engine (``python -m mars2.backends.engine_server``: transformers on CPU or o
 environment), restarts it once if it crashes (with the latest weights, sending again every request not yet
 answered; a second crash is an :class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and
 — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine outlives its run. With
-``service_dir`` the engine is instead a node service shared by the stages of a run on one node (see
-:class:`EngineClient`).
+``service_dir`` the engine is instead a node service shared by the stages of a run on one node, and with
+``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import AuthenticationError
@@ -56,7 +57,19 @@ from mars2.io import atomic_write_text
 from mars2.procs import popen_bound
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
-STARTS_FILE = "starts"  # in a run's engine folder: one line per start on a worker ("<agent> <host> <pid>|fresh")
+STARTS_FILE = "starts"  # in a run's engine folder: one line per start on a worker ("<agent> <node> <pid>|fresh")
+NODE_NAME = "MARS2_NODE_NAME"  # the node's name in a run's engine folder (default: its host name)
+NODE_ADDRESS = "MARS2_NODE_ADDRESS"  # the address other nodes reach this one's TCP services at (default: its FQDN)
+
+
+def node_name() -> str:
+    """This machine's name among the run's nodes: ``$MARS2_NODE_NAME``, else its host name."""
+    return os.environ.get(NODE_NAME) or socket.gethostname()
+
+
+def node_address() -> str:
+    """Where other nodes reach this node's TCP services: ``$MARS2_NODE_ADDRESS``, else the host's FQDN."""
+    return os.environ.get(NODE_ADDRESS) or socket.getfqdn()
 
 
 class EngineError(RuntimeError):
@@ -96,14 +109,23 @@ def disconnect(conn) -> None:
 class EngineClient:
     """The client side of one engine (see the module docstring); ``starts`` counts engine processes started.
 
-    ``service_dir`` (``orchestration=pools``: ``<root>/engines/<flow run id>/<host>``): attach to the node's running
+    ``service_dir`` (``orchestration=pools``: ``<root>/engines/<flow run id>/<node>``): attach to the node's running
     engine of this agent if ``<agent>.json`` there names a live one, else start one detached (its own session, no
     parent-death signal) and register it; :meth:`close` then only disconnects. The service exits when
-    ``<service_dir>/../STOP`` appears or after ``idle_exit_s`` with no client connected."""
+    ``<service_dir>/../STOP`` appears or after ``idle_exit_s`` with no client connected. ``listen_tcp``: a service
+    this client starts listens on TCP (all interfaces, a free port) and registers ``[node_address(), port]``, so
+    that stages on other nodes reach it; else it listens on a Unix socket, for this node only.
+
+    ``provide`` (an engine on another node): ``provide(spec)`` makes that node run this agent's service holding
+    ``spec.version`` and returns its registration folder; the client attaches to it over TCP, and after a crash
+    calls ``provide`` again (the service is restarted there) instead of starting one here."""
 
     def __init__(self, spec: EngineSpec, *, start_timeout_s: float = 300.0, restarts: int = 1,
-                 service_dir: str | Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S):
+                 service_dir: str | Path | None = None, idle_exit_s: float = SERVICE_IDLE_EXIT_S,
+                 listen_tcp: bool = False, provide: Callable[[EngineSpec], Path] | None = None):
         self.spec = spec
+        self.provide = provide
+        self.listen_tcp = listen_tcp
         self.service_dir = Path(service_dir) if service_dir else None
         self.idle_exit_s = idle_exit_s
         self.start_timeout_s = start_timeout_s
@@ -122,13 +144,17 @@ class EngineClient:
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
-        with self._service_lock():  # no reader thread runs before the handshake is done (see _attach)
-            try:
-                if not self._attach():
-                    self._start()
-            except EngineError as e:
-                e.starts = self.starts
-                raise
+        self._local = True  # the engine runs on this node (its pid is one of this node's processes)
+        try:
+            if provide is not None:
+                self._attach_remote()
+            else:
+                with self._service_lock():  # no reader thread runs before the handshake is done (see _attach)
+                    if not self._attach():
+                        self._start()
+        except EngineError as e:
+            e.starts = self.starts
+            raise
         atexit.register(self.close)
 
     @property
@@ -138,6 +164,18 @@ class EngineClient:
     @property
     def pid(self) -> int | None:
         return self._pid
+
+    def _attach_remote(self, *, keep_version: bool = False) -> None:
+        """Have the agent's node run its service (``provide``), then attach to it over TCP."""
+        try:
+            self.service_dir = Path(self.provide(self.spec))
+        except Exception as e:
+            raise EngineError(f"the engine of agent {self.spec.agent!r} on its node could not be provided: "
+                              f"{type(e).__name__}: {e}") from e
+        if not self._attach(keep_version=keep_version):
+            raise EngineError(f"the engine of agent {self.spec.agent!r} was provided on its node but cannot be reached "
+                              f"from {node_name()}: {self.service_dir / (self.spec.agent + '.json')}; is "
+                              f"${NODE_ADDRESS} on that node an address this one can connect to?")
 
     @contextlib.contextmanager
     def _service_lock(self):
@@ -167,9 +205,13 @@ class EngineClient:
         if not info.exists():
             return False
         record = json.loads(info.read_text())
+        local = record.get("node", node_name()) == node_name()
+        family = record.get("family", "AF_UNIX")
+        address = tuple(record["address"]) if family == "AF_INET" else record["address"]
         try:
-            os.kill(record["pid"], 0)
-            conn = Client(record["address"], family="AF_UNIX", authkey=bytes.fromhex(record["authkey"]))
+            if local:
+                os.kill(record["pid"], 0)
+            conn = Client(address, family=family, authkey=bytes.fromhex(record["authkey"]))
         except (OSError, EOFError, AuthenticationError):
             return False  # gone (or going): start one
         try:
@@ -186,7 +228,8 @@ class EngineClient:
             conn.close()  # alive but unusable: a second copy of the weights on the node would not help
             raise
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
-        self._proc = None  # another process's child: _kill signals it by pid
+        self._proc = None  # another process's child: _kill signals it by pid (on this node only)
+        self._local = local
         self._log = Path(record["log"])
         threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         return True
@@ -207,7 +250,9 @@ class EngineClient:
     def _start(self) -> None:
         from multiprocessing.connection import Client
 
-        address = str(self._folder / f"engine-{self.starts}.sock")
+        socket_path = str(self._folder / f"engine-{self.starts}.sock")
+        port_file = self._folder / f"engine-{self.starts}.port"
+        address = "tcp:0.0.0.0" if self.listen_tcp else socket_path
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
         on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
@@ -215,6 +260,8 @@ class EngineClient:
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}
+        if self.listen_tcp:
+            spec.update(port_file=str(port_file))
         if self.service_dir is not None:
             spec.update(stop_file=str(self.service_dir.parent / STOP_FILE), idle_exit_s=self.idle_exit_s)
         else:  # watched by the engine too: the parent-death signal may be lost (engine_server.supervise)
@@ -244,22 +291,29 @@ class EngineClient:
                     os.killpg(self._proc.pid, signal.SIGKILL)  # what it had started (vLLM's engine core)
                 raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {self._proc.returncode} "
                                   f"while starting; its log: {self._log}\n{self._log_tail()}")
-            if os.path.exists(address):
+            listening = port_file.exists() if self.listen_tcp else os.path.exists(socket_path)
+            if listening:
+                connect = ((node_address(), int(port_file.read_text())), "AF_INET") if self.listen_tcp \
+                    else (socket_path, "AF_UNIX")
                 try:
-                    self._conn = Client(address, family="AF_UNIX", authkey=self._authkey)
+                    self._conn = Client(connect[0], family=connect[1], authkey=self._authkey)
                     break
                 except (OSError, EOFError, AuthenticationError):
                     pass  # not listening yet, or exiting: the poll above tells
             if time.monotonic() > deadline:
                 self._kill()
-                raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in {self.start_timeout_s:.0f} s")
+                reach = f" (or {node_address()} is not an address of this node: ${NODE_ADDRESS})" \
+                    if self.listen_tcp and port_file.exists() else ""
+                raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in "
+                                  f"{self.start_timeout_s:.0f} s{reach}")
             time.sleep(0.05)
         threading.Thread(target=self._read, args=(self._conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
-        if self.service_dir is not None:
+        if self.service_dir is not None:  # mode 0600 (atomic_write_text): it holds the authkey
             atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
-                {"address": address, "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
+                {"address": list(connect[0]) if self.listen_tcp else socket_path, "family": connect[1],
+                 "node": node_name(), "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
-                starts.write(f"{self.spec.agent} {socket.gethostname()} {self._pid}\n")
+                starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")
 
     def _log_tail(self, lines: int = 15) -> str:
         path = self._log
@@ -313,9 +367,12 @@ class EngineClient:
                 return
             self.restarts_left -= 1
             try:
-                with self._service_lock():  # a shared service may have been restarted by another stage already
-                    if not self._attach(keep_version=True):
-                        self._start()  # from the latest weights (self.spec)
+                if self.provide is not None:  # its node restarts it (or another stage has already)
+                    self._attach_remote(keep_version=True)
+                else:
+                    with self._service_lock():  # a shared service may have been restarted by another stage already
+                        if not self._attach(keep_version=True):
+                            self._start()  # from the latest weights (self.spec)
             except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
                 self._fail(e if isinstance(e, EngineError) else EngineError(
                     f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
@@ -379,8 +436,8 @@ class EngineClient:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
-        elif self._pid is not None:  # a node service another stage started
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+        elif self._pid is not None and self._local:  # a node service another stage started (on another node: only
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # disconnected, its own node restarts it)
                 os.killpg(self._pid, signal.SIGKILL)
 
     def sleep(self) -> None:

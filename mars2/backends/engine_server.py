@@ -2,7 +2,9 @@
 :class:`mars2.backends.engine.EngineClient`; protocol in that module, spec = :class:`~mars2.backends.engine.EngineSpec`
 as JSON, plus the node-service fields ``stop_file`` and ``idle_exit_s``, or a child engine's ``parent_pid``).
 
-It loads the model once, listens on the Unix socket ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``), reads
+It loads the model once, listens on ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``): a Unix socket's path, or
+``tcp:HOST`` for a node service other nodes reach (a TCP port on interface HOST, any free one; the port goes to the
+spec's ``port_file`` once it listens), reads
 each connection in its own thread and hands every "sample" request to the engine, which batches whatever is in
 flight, answering each when it finishes. Two engines speak it:
 
@@ -26,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 
 from mars2.backends.base import CheckpointRefused, checkpoint_files
+
+TCP = "tcp:"  # ADDRESS of a service listening on TCP: "tcp:<interface>"
 
 
 class TransformersEngine:
@@ -207,7 +211,7 @@ def serve(conn, state: EngineState) -> None:
 
 def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
-    so no stage attaches to a service on its way out; a shutdown that hangs for ``grace_s`` gives way to SIGKILL
+    so no stage attaches to a service on its way out (a TCP service's port file goes instead); a shutdown that hangs for ``grace_s`` gives way to SIGKILL
     of the engine's process group (its children with it). The listener's accept() does not wake up on its
     own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
     if _address:
@@ -228,7 +232,7 @@ def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     os._exit(0)
 
 
-_address = ""  # the engine's socket (set by main)
+_address = ""  # the engine's socket, or a TCP service's port file (set by main)
 _own_group = False  # the client started it in a session of its own (set by main)
 
 
@@ -261,8 +265,8 @@ def main(address: str, spec_json: str) -> None:
 
     parent_at_start = os.getppid()  # the client, or an interpreter wrapper that did not exec
     global _address, _own_group
-    _address = address
     spec = json.loads(spec_json)
+    _address = spec["port_file"] if address.startswith(TCP) else address
     _own_group = bool(spec.get("own_group"))
     ends = {"client_pid": int(spec.get("parent_pid") or 0), "parent_at_start": parent_at_start,
             "stop_file": spec.get("stop_file") or ""}
@@ -276,9 +280,21 @@ def main(address: str, spec_json: str) -> None:
     loaded.set()
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
-    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    if address.startswith(TCP):
+        listener = Listener((address[len(TCP):], 0), family="AF_INET", authkey=authkey)
+        write_port(spec["port_file"], listener.address[1])
+    else:
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
     threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
     supervise(state, **ends, idle_exit_s=float(spec.get("idle_exit_s") or 0))
+
+
+def write_port(path: str, port: int) -> None:
+    """The port, written whole (temp file + rename; mars2.io would bring pandas into vLLM's environment)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(port))
+    os.replace(tmp, path)
 
 
 def accept_forever(listener, state: EngineState) -> None:

@@ -1,13 +1,15 @@
-"""The plan's placement made the runtime's: which GPUs each weight owner's engines and update use.
+"""The plan's placement made the runtime's: which node and GPUs each weight owner's engines and update use.
 
-:func:`mars2.plan.plan` assigns every CUDA agent a span of GPUs (``AgentPlan.update_spans``; its vLLM engines use the
-same span, a transformers engine its first GPU). :func:`place` writes those GPUs into ``AgentConfig.gpu_ids`` at the
-flow's entry; the stages start each engine and update with ``CUDA_VISIBLE_DEVICES`` = exactly those GPUs
-(:func:`visible_devices`), so two owners never land on the same devices.
+:func:`mars2.plan.plan` assigns every CUDA agent a span of GPUs on one node (``AgentPlan.update_spans``; its vLLM
+engines use the same span, a transformers engine its first GPU). :func:`place` writes the node and those GPUs into
+``AgentConfig.node`` and ``gpu_ids`` at the flow's entry; the stages start each engine and update on that node's
+work pool (``orchestration.node_pools``) with ``CUDA_VISIBLE_DEVICES`` = exactly those GPUs (:func:`visible_devices`),
+so two owners never land on the same devices.
 
-One tree search generates with every agent's engines at once, from the process running the rollout, and engines are
-reached through node-local sockets: a run whose plan puts agents on more than one node is refused
-(:func:`require_one_node`) with the one-node layout that fits, rather than failing at an engine's start.
+One tree search generates with every agent's engine at once. Engines on other nodes than the generating stage's are
+node services reached over TCP, which needs a work pool per node: a run whose plan puts agents on more nodes than
+``orchestration.node_pools`` names is refused (:func:`require_placeable`) with the layouts that would run, rather
+than failing at an engine's start.
 """
 
 from __future__ import annotations
@@ -23,31 +25,50 @@ def owner_gpus(cp: ClusterPlan) -> dict[str, list[int]]:
     return {a.name: [g for s in a.update_spans for g in range(s.first, s.last + 1)] for a in cp.agents}
 
 
-def require_one_node(cp: ClusterPlan) -> None:
-    """:class:`~mars2.plan.PlanRefused` unless every agent's GPUs are on one node (see the module docstring)."""
+def owner_nodes(cp: ClusterPlan) -> dict[str, int]:
+    """Weight owner → the node the plan places its GPUs on (CUDA agents only)."""
+    return {a.name: a.update_spans[0].node for a in cp.agents if a.update_spans}
+
+
+def require_placeable(cp: ClusterPlan, node_pools: list[str] | tuple[str, ...] = ()) -> None:
+    """:class:`~mars2.plan.PlanRefused` unless each agent's GPUs are on one node and every node the plan uses beyond
+    node 0 has a work pool in ``node_pools`` (see the module docstring)."""
     nodes = {a.name: sorted({s.node for s in a.update_spans}) for a in cp.agents if a.update_spans}
-    if len({n for ns in nodes.values() for n in ns}) <= 1:
+    split = [name for name, ns in nodes.items() if len(ns) > 1]
+    if split:
+        raise PlanRefused(f"agents={cp.preset}: the plan spreads agent(s) {split} over several nodes, but one agent's "
+                          f"update and engine run on one node of {cp.cluster.gpus_per_node} GPUs: lower their "
+                          "agents.members.N.gpus")
+    used = {n for ns in nodes.values() for n in ns}
+    if max(used, default=0) < max(1, len(node_pools)):
         return
-    where = ", ".join(f"{name} on node{'/node'.join(map(str, ns))}" for name, ns in nodes.items())
+    where = ", ".join(f"{name} on node{ns[0]}" for name, ns in nodes.items())
     gpus = sum(a.gpus for a in cp.agents)
     per = max(1, cp.cluster.gpus_per_node // max(1, len(nodes)))
     fix = " ".join(f"agents.members.{i}.gpus={per}" for i, a in enumerate(cp.agents) if a.update_spans)
+    pools = ",".join(f"gpu-node{n}" for n in range(max(used) + 1))
     raise PlanRefused(
-        f"agents={cp.preset}: the plan places {where}, but the agents of one tree search must share a node: the rollout "
-        f"generates with every agent's engines at once from one process, and engines are reached through node-local "
-        f"sockets (engines on other nodes are not supported; docs/plan.md, 'Placement'). The {gpus} GPUs asked for do "
-        f"not fit one node of {cp.cluster.gpus_per_node}. Run on one node, e.g. plan.node_per_agent=false {fix} "
-        "(python flows/plan.py with the same overrides shows whether it fits).")
+        f"agents={cp.preset}: the plan places {where}, but the run names a work pool for "
+        f"{max(1, len(node_pools))} node(s) (orchestration.node_pools={list(node_pools)}): the rollout reaches an "
+        f"engine on another node through a service that node's pool starts (docs/plan.md, 'Placement'). Run on "
+        f"{max(used) + 1} nodes with orchestration=pools 'orchestration.node_pools=[{pools}]' (a worker per node), "
+        f"or on one node: the {gpus} GPUs asked for do not fit one node of {cp.cluster.gpus_per_node}, e.g. "
+        f"plan.node_per_agent=false {fix} (python flows/plan.py with the same overrides shows whether it fits).")
 
 
 def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
-    """``run`` with each CUDA member's ``gpu_ids`` set to its owner's GPUs in ``cp`` (a role sharing weights takes its
-    owner's). A member whose ``gpu_ids`` were given must match the plan's (:class:`~mars2.plan.PlanRefused`)."""
-    require_one_node(cp)
-    gpus = owner_gpus(cp)
+    """``run`` with each CUDA member's ``node`` and ``gpu_ids`` set to its owner's in ``cp`` (a role sharing weights
+    takes its owner's). A member whose ``node`` or ``gpu_ids`` were given must match the plan's
+    (:class:`~mars2.plan.PlanRefused`)."""
+    require_placeable(cp, run.orchestration.node_pools)
+    gpus, nodes = owner_gpus(cp), owner_nodes(cp)
     members = []
     for m in run.agents.members:
         ids = gpus.get(m.owner, []) if m.device.startswith("cuda") else []
+        node = nodes.get(m.owner, m.node) if m.device.startswith("cuda") else m.node
+        if m.node is not None and m.node != node:
+            raise PlanRefused(f"agent {m.name!r}: node={m.node} but the plan places it on node {node}; leave "
+                              "agents.members.N.node unset (the plan sets it) or change the plan")
         if ids and m.device.startswith("cuda:") and m.device != f"cuda:{ids[0]}":
             raise PlanRefused(f"agent {m.name!r}: device {m.device!r} names a GPU but the plan places it on GPUs {ids}; "
                               "write device: cuda (the plan's placement picks the GPUs)")
@@ -55,8 +76,8 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
             raise PlanRefused(f"agent {m.name!r}: gpu_ids={list(m.gpu_ids)} but the plan places it on GPUs {ids}; "
                               "leave agents.members.N.gpu_ids unset (the plan sets it) or change the plan "
                               "(plan.node_per_agent, agents.members.N.gpus)")
-        members.append(replace(m, gpu_ids=ids))
+        members.append(replace(m, gpu_ids=ids, node=node))
     return replace(run, agents=replace(run.agents, members=members))
 
 
-__all__ = ["owner_gpus", "place", "require_one_node"]
+__all__ = ["owner_gpus", "owner_nodes", "place", "require_placeable"]

@@ -1,0 +1,141 @@
+"""Engines on other nodes (orchestration.node_pools): a generation stage reaches an owner's engine that runs as a
+node service elsewhere, over TCP. "Another node" here is another process with its own ``MARS2_NODE_NAME`` running
+the real ``pipeline.dispatch.serve_engine`` (what a ``serve_engine`` flow run on that node's pool runs); the
+Prefect round trip is in tests/test_deploy.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mars2.backends import SamplingParams
+from mars2.backends.engine import NODE_ADDRESS, NODE_NAME, EngineClient, EngineError, EngineSpec
+from mars2.backends.transformers_backend import load_transformers_backend
+from mars2.config import BackendConfig
+from pipeline.dispatch import encode_args
+from pipeline.engines import EnginePool
+from pipeline.stage import StageContext
+
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
+SERVE = """
+import json, sys
+from pipeline.dispatch import decode_args, serve_engine
+print(serve_engine(**decode_args(serve_engine, json.loads(sys.argv[1]))))
+"""
+
+
+@pytest.fixture
+def two_nodes(tmp_path, monkeypatch):
+    """This process is node-a; ``provide`` serves an owner's engine on node-b (a process of its own), as the
+    ``serve_engine`` flow run on node-b's pool does. Both nodes are reached at 127.0.0.1."""
+    monkeypatch.setenv(NODE_NAME, "node-a")
+    monkeypatch.setenv(NODE_ADDRESS, "127.0.0.1")
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1", engine_pools={"qwen_tiny": "gpu-node-b"})
+    backend = BackendConfig(start_timeout_s=120, service_idle_exit_s=60)
+    calls = []
+
+    def provide(spec: EngineSpec):
+        calls.append(spec.version)
+        args = json.dumps(encode_args({"ctx": ctx, "spec": spec, "backend": backend}))
+        out = subprocess.run([sys.executable, "-c", SERVE, args], env={**os.environ, NODE_NAME: "node-b"},
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    yield ctx, provide, calls
+    (tmp_path / "engines" / "run-1").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "engines" / "run-1" / "STOP").write_text("")  # the run's end stops node-b's service
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _ids(out):
+    return [[g.response_ids for g in gens] for gens in out]
+
+
+def test_an_engine_on_another_node_serves_over_tcp_and_is_restarted_by_its_node(tiny_model_dir, tmp_path,
+                                                                                  two_nodes):
+    """The stage's pool hands out the owner's engine from node-b: registered there on TCP, answering as the model in
+    this process does; after it dies, node-b serves it again at the version the stage had loaded, and closing the
+    stage only disconnects (the run's STOP file ends the service)."""
+    ctx, provide, calls = two_nodes
+    _, tok = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+    prompts = ["sum two numbers", "x"]
+    pool = EnginePool(True, start_timeout_s=120, service_dir=tmp_path / "engines" / "run-1" / "node-a",
+                      remote={"qwen_tiny": provide}, listen_tcp=True)
+    engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
+                         dtype="float32", batch_size=8)
+    try:
+        record = json.loads((tmp_path / "engines" / "run-1" / "node-b" / "qwen_tiny.json").read_text())
+        assert record["family"] == "AF_INET" and record["node"] == "node-b" and record["address"][0] == "127.0.0.1"
+        assert oct((tmp_path / "engines" / "run-1" / "node-b" / "qwen_tiny.json").stat().st_mode & 0o777) == "0o600"
+        assert engine.pid == record["pid"] and calls == ["v1"]
+        assert not (tmp_path / "engines" / "run-1" / "node-a").exists()  # nothing was started on this node
+        here, _ = load_transformers_backend(str(tiny_model_dir), str(tiny_model_dir))
+        assert _ids(engine.generate(prompts, PARAMS, [3, 4])) == _ids(here.generate(prompts, PARAMS, [3, 4]))
+        v1 = _ids(engine.generate(prompts, PARAMS, [3, 4]))
+        engine.sleep()  # over TCP too: the update's GPUs are freed on node-b
+        assert engine.health()["asleep"]
+
+        first = engine.pid
+        os.kill(first, signal.SIGKILL)
+        assert _ids(engine.generate(prompts, PARAMS, [3, 4])) == v1  # restarted by node-b, not here
+        assert calls == ["v1", "v1"] and engine.pid != first and engine.starts == 0
+        starts = (tmp_path / "engines" / "run-1" / "starts").read_text().split("\n")
+        assert [line.split()[:2] for line in starts if line] == [["qwen_tiny", "node-b"]] * 2
+        flows_count = EnginePool(True, start_timeout_s=1, run_dir=tmp_path / "engines" / "run-1").starts
+        assert flows_count == 2  # the run's engine_starts counts node-b's starts once, from the run's starts file
+    finally:
+        pool.close()
+    assert _alive(engine_pid := json.loads(
+        (tmp_path / "engines" / "run-1" / "node-b" / "qwen_tiny.json").read_text())["pid"])
+    (tmp_path / "engines" / "run-1" / "STOP").write_text("")
+    assert _gone_within(engine_pid, 15), "node-b's service outlived the run's STOP file"
+
+
+def test_a_remote_engine_the_stage_cannot_reach_is_a_clear_error(tiny_model_dir, tmp_path, two_nodes, monkeypatch):
+    """node-b advertises an address this node cannot connect to: the stage fails naming the agent and the setting."""
+    ctx, provide, _ = two_nodes
+
+    def unreachable(spec):
+        folder = provide(spec)
+        path = os.path.join(folder, "qwen_tiny.json")
+        record = json.loads(open(path).read())
+        with open(path, "w") as f:
+            json.dump({**record, "address": ["127.0.0.1", 9]}, f)  # the discard port: nothing listens
+        return folder
+
+    with pytest.raises(EngineError, match=r"qwen_tiny.*cannot be reached.*MARS2_NODE_ADDRESS"):
+        EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                     provide=unreachable, start_timeout_s=60)
+
+
+def test_a_remote_owners_gpus_are_mapped_by_its_own_node(monkeypatch):
+    """The plan's GPU indices travel as they are to the owner's node, which maps them through its own
+    CUDA_VISIBLE_DEVICES (the stage's node may see other GPUs)."""
+    from pipeline.weights import engine_placement
+    from mars2.config import AgentConfig
+
+    member = AgentConfig(name="a", device="cuda", backend="vllm", gpu_ids=[4, 5, 6, 7])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8,9,10,11,12,13,14,15")
+    assert engine_placement(member) == ("cuda", "12,13,14,15")
+    assert engine_placement(member, remote=True) == ("cuda", "4,5,6,7")
