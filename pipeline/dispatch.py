@@ -240,9 +240,14 @@ def stage_flow(stage: str, args: dict[str, Any], pool: str = "") -> str:
 def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) -> Path:
     """On the owner's node: its engine service of the run holding ``spec.version`` (attached to if it runs, else
     started on TCP), left running for the stage that asked; returns the node's service folder. The spec's GPU
-    indices are the plan's on this node, mapped through this worker's ``CUDA_VISIBLE_DEVICES``."""
+    indices are the plan's on this node, mapped through this worker's ``CUDA_VISIBLE_DEVICES``; a vLLM engine runs
+    in this node's vLLM environment."""
     import os
 
+    from mars2.backends.vllm_env import find_python
+
+    if spec.kind == "vllm":
+        spec = dataclasses.replace(spec, python=find_python() or spec.python)
     if spec.cuda_visible_devices:
         ids = [int(i) for i in spec.cuda_visible_devices.split(",")]
         spec = dataclasses.replace(spec, cuda_visible_devices=visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES")))

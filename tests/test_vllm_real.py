@@ -183,6 +183,49 @@ def test_many_seeded_requests_longer_than_one_step_together(engine):
     assert sum(len(g[0].prompt_ids) for g in out) > 8192  # more than one step's token budget
 
 
+def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(engine, tmp_path, monkeypatch):
+    """orchestration.node_pools: the owner's vLLM engine is served on its node ("node-b", a process of its own
+    running the real ``serve_engine``) and reached over TCP; the same weights and seed give the same tokens as the
+    module's engine, and the run's STOP file ends it with vLLM's processes."""
+    import subprocess
+    import sys
+
+    from mars2.backends.engine import NODE_ADDRESS, NODE_NAME, EngineClient
+    from mars2.config import BackendConfig
+    from pipeline.dispatch import encode_args
+    from pipeline.stage import StageContext
+
+    monkeypatch.setenv(NODE_ADDRESS, "127.0.0.1")
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1", engine_pools={"qwen_vllm": "node-b"})
+    serve = ("import json, sys\nfrom pipeline.dispatch import decode_args, serve_engine\n"
+             "print(serve_engine(**decode_args(serve_engine, json.loads(sys.argv[1]))))")
+
+    def provide(spec):
+        args = json.dumps(encode_args({"ctx": ctx, "spec": spec, "backend": BackendConfig(start_timeout_s=900)}))
+        out = subprocess.run([sys.executable, "-c", serve, args], env={**os.environ, NODE_NAME: "node-b"},
+                             capture_output=True, text=True, timeout=1000)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    here = engine.generate([PROMPT], params, [11])[0][0]
+    remote = EngineClient(replace(engine.spec, python=""), provide=provide, start_timeout_s=900)
+    try:
+        pid = remote.pid
+        family = _descendants(pid) | {pid}
+        assert json.loads((tmp_path / "engines" / "run-1" / "node-b" / "qwen_vllm.json").read_text())["family"] \
+            == "AF_INET"
+        assert remote.generate([PROMPT], params, [11])[0][0].response_ids == here.response_ids
+    finally:
+        remote.close()
+    assert _alive(pid)  # a node service: the stage only disconnects
+    (tmp_path / "engines" / "run-1" / "STOP").write_text("")
+    deadline = time.monotonic() + 60
+    while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in family if _alive(p)] == []
+
+
 def test_closing_leaves_no_process(engine):
     root = engine.health()["pid"]
     family = _descendants(root) | {root}
