@@ -17,17 +17,21 @@ import sys
 
 from pipeline.runtime import configure_process
 
+CONFIG_NAME = "evaluate"
+
+if __name__ == "__main__":  # a bad override fails before the imports below
+    from pipeline.cli import check_first
+
+    check_first(sys.argv[1:], config_name=CONFIG_NAME, check_fit=False)
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
 from prefect import flow
 from prefect.runtime import flow_run
 
-from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.cli import run_flow_from_cli
 from pipeline.config import CONF_DIR, compose_run
 from pipeline.session import checkpoints_of, flow_session, team_weights
-
-CONFIG_NAME = "evaluate"
 
 
 def compose_eval(overrides: list[str]):
@@ -54,5 +58,4 @@ def main(_: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])
     main()

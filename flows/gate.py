@@ -16,6 +16,12 @@ import sys
 
 from pipeline.runtime import configure_process
 
+CONFIG_NAME = "config"
+
+if __name__ == "__main__":  # a bad override fails before the imports below
+    from pipeline.cli import check_first
+
+    check_first(sys.argv[1:], config_name=CONFIG_NAME, check_fit=False)
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
@@ -23,11 +29,9 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from mars2.config import RunConfig
-from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.cli import run_flow_from_cli
 from pipeline.config import CONF_DIR, compose_run
 from pipeline.session import checkpoints_of, flow_session, team_weights
-
-CONFIG_NAME = "config"
 
 
 def compose_gate(overrides: list[str]) -> RunConfig:
@@ -55,5 +59,4 @@ def main(_: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])
     main()

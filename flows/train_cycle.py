@@ -21,6 +21,10 @@ from pathlib import Path
 
 from pipeline.runtime import configure_process
 
+if __name__ == "__main__":  # a bad override fails before the imports below
+    from pipeline.cli import check_first
+
+    check_first(sys.argv[1:])
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
@@ -30,7 +34,7 @@ from prefect.runtime import deployment, flow_run
 from mars2.sandbox import isolation_params
 from mars2.train.checkpoints import prune_optimizer_states
 from pipeline import tracking
-from pipeline.cli import check_command_line, run_flow_from_cli
+from pipeline.cli import run_flow_from_cli
 from pipeline.config import CONF_DIR, compose_run
 from pipeline.session import flow_session, team_weights
 from pipeline.dispatch import check_dispatch
@@ -95,5 +99,4 @@ def main(_: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])
     main()

@@ -29,6 +29,25 @@ def check_command_line(argv: list[str]) -> None:
             sys.exit(f"mars2: config error: {hint}")
 
 
+def check_first(argv: list[str], **compose: object) -> None:
+    """The command line's own check, before a flow module imports Prefect, MLflow and torch (seconds on a small
+    machine): exit with one paragraph when an override names nothing that exists (:func:`check_command_line`) or
+    composes an invalid config (:func:`pipeline.config.compose_run` with ``compose``, e.g. ``config_name``). Only a
+    single run given by plain overrides is composed here; a multirun, Hydra's flags and ``hydra.*`` overrides are
+    checked by each job (:func:`run_flow_from_cli`), as is whatever needs the flow's imports (a server to dispatch
+    to, checkpoints)."""
+    runtime.configure_process()  # offline hub flags before a GPU preset's plan loads transformers
+    check_command_line(argv)
+    if any(a.startswith(("-", "hydra.")) for a in argv):
+        return
+    from pipeline.config import compose_run
+
+    try:
+        compose_run(argv, **compose)
+    except ConfigError as e:
+        sys.exit(f"mars2: {getattr(e, 'label', 'config error')}: {e}")
+
+
 def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list[str]], object], what: str) -> None:
     """Run ``flow(overrides)`` for the overrides of the current ``@hydra.main`` job (one job per ``-m`` combination).
 
