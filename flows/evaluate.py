@@ -22,7 +22,7 @@ CONFIG_NAME = "evaluate"
 if __name__ == "__main__":  # a bad override fails before the imports below
     from pipeline.cli import check_first
 
-    check_first(sys.argv[1:], config_name=CONFIG_NAME, check_fit=False)
+    check_first(sys.argv[1:], config_name=CONFIG_NAME, check_fit=False, dispatch=False)
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
@@ -35,7 +35,7 @@ from pipeline.session import checkpoints_of, flow_session, team_weights
 
 
 def compose_eval(overrides: list[str]):
-    return compose_run(overrides, config_name=CONFIG_NAME, check_fit=False)  # no update to fit
+    return compose_run(overrides, config_name=CONFIG_NAME, check_fit=False, dispatch=False)  # no update to fit
 
 
 @flow(name="evaluate")

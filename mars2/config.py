@@ -936,6 +936,10 @@ def _validate_nodes(cfg: RunConfig) -> None:
     """Each owner's node is one of ``orchestration.node_pools`` (none given: node 0 only); a role runs on its
     owner's."""
     pools = cfg.orchestration.node_pools
+    if pools and not cfg.backend.persistent:
+        _fail(f"orchestration.node_pools={list(pools)} with backend.persistent=false",
+              "An agent's engine on another node is a service there, which needs backend.persistent=true (the "
+              "default); without it a stage would load every agent's model on its own node.")
     owners = {m.name: m for m in cfg.agents.members}
     for i, m in enumerate(cfg.agents.members):
         node = m.node or 0
@@ -945,6 +949,6 @@ def _validate_nodes(cfg: RunConfig) -> None:
                   "A run on several nodes names each node's work pool: orchestration=pools "
                   "'orchestration.node_pools=[gpu-node0,gpu-node1]'; leave node unset for one node.")
         owner = owners.get(m.owner)
-        if owner is not None and owner is not m and m.node is not None and m.node != owner.node:
+        if owner is not None and owner is not m and m.node is not None and m.node != (owner.node or 0):
             _fail(f"agents.members.{i} ({m.name!r}): node={m.node} but it shares the weights of {m.owner!r} "
                   f"(node={owner.node})", "A role runs on its weight owner's node: leave its node unset.")

@@ -74,15 +74,22 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config",
-                check_fit: bool = True, **resolve_kwargs: Any) -> RunConfig:
+                check_fit: bool = True, dispatch: bool = True, **resolve_kwargs: Any) -> RunConfig:
     """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run
     (``config_name``: ``config`` for training, ``evaluate`` for flows/evaluate.py).
 
-    A run with agents on GPUs is placed by the plan (:func:`place_run`): each member's ``gpu_ids`` are the GPUs its
-    engines and update get. With ``check_fit`` (training) it must also fit the cluster ``plan`` describes
+    A run with agents on GPUs is placed by the plan (:func:`place_run`): each member's ``node`` and ``gpu_ids`` are
+    where its engines and update run. With ``check_fit`` (training) it must also fit the cluster ``plan`` describes
     (:func:`mars2.plan.require_fit`, the layout the trainer and engines really build): a preset the planner refuses
-    stops here, before anything starts. An evaluation does no update, so it passes ``check_fit=False``."""
+    stops here, before anything starts. An evaluation does no update, so it passes ``check_fit=False``.
+    ``dispatch=False`` (the evaluate and gate flows, whose stages all run in the flow's process): the agents must
+    share a node, whatever ``orchestration.node_pools`` says."""
     run = resolve(load_cfg(overrides, config_name=config_name), **resolve_kwargs)
+    if not dispatch and (run.orchestration.node_pools or any(m.node for m in run.agents.members)):
+        raise ConfigError(f"{config_name}: this flow runs every stage in its own process, on one node, but the "
+                          f"overrides place agents on several (orchestration.node_pools="
+                          f"{list(run.orchestration.node_pools)}, agents' node). Drop orchestration.node_pools and "
+                          "agents.members.N.node for it (the train flow is the one that runs on several nodes).")
     if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
         run = place_run(run, check_fit=check_fit)
     return run
@@ -92,14 +99,15 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     """``run`` placed by its plan (:func:`mars2.plan.placement.place`), after :func:`mars2.plan.require_fit` with
     ``check_fit``. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)
     cannot be planned here: that run goes on unplaced (its engines and update take the worker's first GPUs), with a
-    warning. The plan's own warnings (e.g. ZeRO-3 on one GPU where ZeRO-2 fits) are logged too."""
+    warning, unless it names node pools (a run on several nodes is placed by its plan or not at all). The plan's
+    own warnings (e.g. ZeRO-3 on one GPU where ZeRO-2 fits) are logged too."""
     from mars2.plan import ModelConfigNotFound, plan, require_fit
     from mars2.plan.placement import place
 
     try:
         cp = plan(run)
     except ModelConfigNotFound as e:
-        if run.orchestration.mode != "pools":
+        if run.orchestration.mode != "pools" or run.orchestration.node_pools:
             raise ConfigError(f"cannot plan the run: {e}") from None
         warn_in_flow_run(f"no resource plan at the flow's entry ({e}); the GPU workers check their own machines")
         return run

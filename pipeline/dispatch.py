@@ -37,7 +37,7 @@ from typing import Any
 from prefect import flow
 from prefect.states import State
 
-from mars2.backends.engine import EngineClient, EngineSpec, node_name
+from mars2.backends.engine import STARTS_FILE, EngineClient, EngineError, EngineSpec, node_name
 from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
@@ -252,8 +252,13 @@ def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) ->
         ids = [int(i) for i in spec.cuda_visible_devices.split(",")]
         spec = dataclasses.replace(spec, cuda_visible_devices=visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
     folder = node_services_dir(ctx)
-    engine = EngineClient(spec, service_dir=folder, start_timeout_s=backend.start_timeout_s,
-                          idle_exit_s=backend.service_idle_exit_s, listen_tcp=True)
+    try:
+        engine = EngineClient(spec, service_dir=folder, start_timeout_s=backend.start_timeout_s,
+                              idle_exit_s=backend.service_idle_exit_s, listen_tcp=True)
+    except EngineError as e:  # the run's engine_starts still counts the starts it paid for
+        with open(folder.parent / STARTS_FILE, "a") as starts:
+            starts.write(f"{spec.agent} {node_name()} failed\n" * e.starts)
+        raise
     try:
         engine.load(spec.model_dir, spec.version)
     finally:

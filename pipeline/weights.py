@@ -107,14 +107,15 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
     """Each agent's backend (one per set of weights, shared by its roles), tokenizer, role prompt and chat switches.
 
     The owners' engines come from ``ctx.engines``, the run's pool (no ``ctx`` or no pool: fresh backends). The CPU
-    engines of the owners generate side by side: each gets its share of the run's CPU budget (``ctx``'s; without
-    one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
+    engines of the owners on this node generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
+    without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
     from mars2.search.tree_search import AgentRunner
 
     loaded: dict[str, tuple] = {}
     runners = {}
-    cpu_owners = {m.owner for m in members if m.device.startswith("cpu")}
     ctx = ctx or StageContext(root="")
+    remote = getattr(ctx.engines, "remote", {})
+    cpu_owners = {m.owner for m in members if m.device.startswith("cpu") and m.owner not in remote}
     threads = ctx.cpu_shares(engines=len(cpu_owners)).engine
     for m in members:
         owner = m.owner

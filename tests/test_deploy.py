@@ -279,6 +279,8 @@ def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
      r"stage\(s\) \['rollout'\] would run in the flow's own process"),
     (["orchestration=pools", "orchestration.node_pools=[n0]", "agents.members.1.node=1"],
      r"node=1 but the run has 1 node\(s\)"),
+    (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "backend.persistent=false"],
+     "needs backend.persistent=true"),
     (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents=tiny_cpu_homogeneous",
       "agents.members.1.node=1"],
      "shares the weights of"),
@@ -286,6 +288,18 @@ def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
 def test_bad_orchestration_gives_a_clear_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose_run(overrides, cuda_available=False)
+
+
+def test_a_role_on_its_owners_node_by_default_or_by_name_is_accepted_and_one_process_flows_refuse_nodes(paper_data):
+    both = ["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents=tiny_cpu_homogeneous"]
+    assert [m.node for m in compose_run([*both, "agents.members.1.node=0"], cuda_available=False).agents.members] \
+        == [None, 0]
+    with pytest.raises(ConfigError, match="this flow runs every stage in its own process"):
+        compose_run(["orchestration=pools", "orchestration.node_pools=[n0,n1]"], config_name="evaluate",
+                    check_fit=False, dispatch=False, cuda_available=False)
+    with pytest.raises(ConfigError, match="cannot plan the run"):  # no plan, no placement on several nodes
+        compose_run(["agents=heterogeneous_8b", "orchestration=pools", "orchestration.node_pools=[n0,n1]",
+                     "agents.members.0.model=/nonexistent/custom-model", *paper_data])
 
 
 def test_pools_mode_without_a_server_fails_fast_on_the_cli(tmp_path):

@@ -139,3 +139,56 @@ def test_a_remote_owners_gpus_are_mapped_by_its_own_node(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8,9,10,11,12,13,14,15")
     assert engine_placement(member) == ("cuda", "12,13,14,15")
     assert engine_placement(member, remote=True) == ("cuda", "4,5,6,7")
+
+
+def test_a_peer_that_never_proves_the_key_holds_up_no_other(tiny_model_dir, tmp_path, monkeypatch):
+    """A TCP service listens where other machines can reach it: a peer that connects and stays silent (a port
+    scanner, a client whose node died mid-handshake) must not stop the next stage from attaching, and a client
+    whose peer never answers the handshake gives up instead of waiting forever."""
+    import socket
+
+    from mars2.backends.engine import connect
+
+    monkeypatch.setenv(NODE_ADDRESS, "127.0.0.1")
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    first = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                         service_dir=service_dir, listen_tcp=True)
+    silent = socket.create_connection(tuple(json.loads((service_dir / "qwen_tiny.json").read_text())["address"]))
+    try:
+        first.close()
+        started = time.monotonic()
+        second = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                              service_dir=service_dir, start_timeout_s=60)
+        try:
+            assert second.starts == 0 and second.generate(["x"], PARAMS, [1])
+            assert time.monotonic() - started < 20  # not behind the silent peer's 30 s handshake limit
+        finally:
+            second.close()
+        mute = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+        started = time.monotonic()
+        with pytest.raises((EOFError, OSError)):
+            connect(mute.getsockname(), b"k" * 16, timeout_s=1.0)
+        assert time.monotonic() - started < 10
+        mute.close()
+    finally:
+        silent.close()
+        (service_dir.parent / "STOP").write_text("")
+
+
+def test_a_start_that_fails_on_the_owners_node_still_counts_in_engine_starts(tmp_path, monkeypatch):
+    """serve_engine pays for a start that fails (here an interpreter that exits at once): the run's starts file
+    says so, as it does for a start that failed on the flow's own machine."""
+    import stat
+
+    from pipeline.dispatch import serve_engine
+
+    monkeypatch.setenv(NODE_NAME, "node-b")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1", engine_pools={"qwen_tiny": "gpu-node-b"})
+    with pytest.raises(EngineError, match="exited with code 3"):
+        serve_engine(ctx, EngineSpec("qwen_tiny", str(tmp_path), str(tmp_path), "v1", python=str(fake)),
+                     BackendConfig(start_timeout_s=30))
+    assert (tmp_path / "engines" / "run-1" / "starts").read_text() == "qwen_tiny node-b failed\n"
+    assert EnginePool(True, start_timeout_s=1, run_dir=tmp_path / "engines" / "run-1").starts == 1

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -161,3 +165,31 @@ def visible_devices(gpu_ids: list[int], parent_visible: str | None) -> str:
         raise ValueError(f"GPUs {list(gpu_ids)} are placed here, but CUDA_VISIBLE_DEVICES={parent_visible!r} shows "
                          f"{len(seen)}")
     return ",".join(seen[i] if seen is not None else str(i) for i in gpu_ids)
+
+
+HANDSHAKE_S = 30.0  # an engine connection's peer must have proved the key by then, or it is cut off
+
+
+def disconnect(conn) -> None:
+    """Shut a connection down so that both sides see it closed now; its reader thread, woken by the EOF, closes it.
+    Closing it here instead would free its file descriptor while the reader may be about to read it, and the next
+    connection this process opens could get the same number: the old reader would then eat the new one's answers."""
+    with contextlib.suppress(OSError, ValueError):
+        socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+
+
+def authenticate(conn, authkey: bytes, *, serving: bool, timeout_s: float = HANDSHAKE_S) -> None:
+    """``multiprocessing.connection``'s key challenge in both directions, in the order a ``Listener`` (``serving``)
+    or a ``Client`` runs it, on a connection opened without one. Nothing the peer sends is unpickled before it has
+    proved the key, and a peer that has not within ``timeout_s`` (a port scanner, a peer that died mid-handshake, a
+    stale address now held by something else) is cut off: EOFError or OSError here, instead of a wait forever."""
+    from multiprocessing.connection import answer_challenge, deliver_challenge
+
+    watchdog = threading.Timer(timeout_s, disconnect, (conn,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        for step in (deliver_challenge, answer_challenge) if serving else (answer_challenge, deliver_challenge):
+            step(conn, authkey)
+    finally:
+        watchdog.cancel()

@@ -51,13 +51,14 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing import AuthenticationError
 from pathlib import Path
 
-from mars2.backends.base import SERVICE_IDLE_EXIT_S, Generation, SamplingParams, call_seeds, request_seed
+from mars2.backends.base import (HANDSHAKE_S, SERVICE_IDLE_EXIT_S, Generation, SamplingParams, authenticate,
+                                 call_seeds, disconnect, request_seed)
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
 from mars2.procs import popen_bound
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
-STARTS_FILE = "starts"  # in a run's engine folder: one line per start on a worker ("<agent> <node> <pid>|fresh")
+STARTS_FILE = "starts"  # a run's engine folder: a line per start on a worker ("<agent> <node> <pid>|fresh|failed")
 NODE_NAME = "MARS2_NODE_NAME"  # the node's name in a run's engine folder (default: its host name)
 NODE_ADDRESS = "MARS2_NODE_ADDRESS"  # the address other nodes reach this one's TCP services at (default: its FQDN)
 
@@ -98,12 +99,18 @@ class EngineSpec:
     cuda_visible_devices: str | None = None  # the GPUs the engine process sees (the plan's placement); None: inherited
 
 
-def disconnect(conn) -> None:
-    """Shut a connection down so that both sides see it closed now; its reader thread, woken by the EOF, closes it.
-    Closing it here instead would free its file descriptor while the reader may be about to read it, and the next
-    connection this process opens could get the same number: the old reader would then eat the new one's answers."""
-    with contextlib.suppress(OSError, ValueError):
-        socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+def connect(address: str | tuple[str, int], authkey: bytes, timeout_s: float):
+    """A ``Client`` connection to an engine (a Unix socket's path, or (host, port)) whose key handshake gives up
+    after ``timeout_s`` (:func:`~mars2.backends.base.authenticate`)."""
+    from multiprocessing.connection import SocketClient
+
+    conn = SocketClient(address)
+    try:
+        authenticate(conn, authkey, serving=False, timeout_s=timeout_s)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class EngineClient:
@@ -113,8 +120,8 @@ class EngineClient:
     engine of this agent if ``<agent>.json`` there names a live one, else start one detached (its own session, no
     parent-death signal) and register it; :meth:`close` then only disconnects. The service exits when
     ``<service_dir>/../STOP`` appears or after ``idle_exit_s`` with no client connected. ``listen_tcp``: a service
-    this client starts listens on TCP (all interfaces, a free port) and registers ``[node_address(), port]``, so
-    that stages on other nodes reach it; else it listens on a Unix socket, for this node only.
+    this client starts listens on TCP (at :func:`node_address`, a free port) and registers ``[node_address(), port]``,
+    so that stages on other nodes reach it; else it listens on a Unix socket, for this node only.
 
     ``provide`` (an engine on another node): ``provide(spec)`` makes that node run this agent's service holding
     ``spec.version`` and returns its registration folder; the client attaches to it over TCP, and after a crash
@@ -197,8 +204,6 @@ class EngineClient:
 
         The handshake (health, and that load) is answered here, before the reader thread starts: a service that
         dies meanwhile is an EOF here, not a reader that waits for the service lock this thread holds."""
-        from multiprocessing.connection import Client
-
         if self.service_dir is None:
             return False
         info = self.service_dir / f"{self.spec.agent}.json"
@@ -206,12 +211,11 @@ class EngineClient:
             return False
         record = json.loads(info.read_text())
         local = record.get("node", node_name()) == node_name()
-        family = record.get("family", "AF_UNIX")
-        address = tuple(record["address"]) if family == "AF_INET" else record["address"]
+        address = tuple(record["address"]) if record.get("family") == "AF_INET" else record["address"]
         try:
             if local:
                 os.kill(record["pid"], 0)
-            conn = Client(address, family=family, authkey=bytes.fromhex(record["authkey"]))
+            conn = connect(address, bytes.fromhex(record["authkey"]), min(HANDSHAKE_S, self.start_timeout_s))
         except (OSError, EOFError, AuthenticationError):
             return False  # gone (or going): start one
         try:
@@ -248,11 +252,9 @@ class EngineClient:
         return value
 
     def _start(self) -> None:
-        from multiprocessing.connection import Client
-
         socket_path = str(self._folder / f"engine-{self.starts}.sock")
         port_file = self._folder / f"engine-{self.starts}.port"
-        address = "tcp:0.0.0.0" if self.listen_tcp else socket_path
+        address = f"tcp:{node_address()}" if self.listen_tcp else socket_path
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
         on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
@@ -293,16 +295,15 @@ class EngineClient:
                                   f"while starting; its log: {self._log}\n{self._log_tail()}")
             listening = port_file.exists() if self.listen_tcp else os.path.exists(socket_path)
             if listening:
-                connect = ((node_address(), int(port_file.read_text())), "AF_INET") if self.listen_tcp \
-                    else (socket_path, "AF_UNIX")
+                where = (node_address(), int(port_file.read_text())) if self.listen_tcp else socket_path
                 try:
-                    self._conn = Client(connect[0], family=connect[1], authkey=self._authkey)
+                    self._conn = connect(where, self._authkey, max(1.0, min(HANDSHAKE_S, deadline - time.monotonic())))
                     break
                 except (OSError, EOFError, AuthenticationError):
                     pass  # not listening yet, or exiting: the poll above tells
             if time.monotonic() > deadline:
                 self._kill()
-                reach = f" (or {node_address()} is not an address of this node: ${NODE_ADDRESS})" \
+                reach = f" (or {node_address()} does not reach this node: ${NODE_ADDRESS})" \
                     if self.listen_tcp and port_file.exists() else ""
                 raise EngineError(f"the engine of agent {self.spec.agent!r} did not start in "
                                   f"{self.start_timeout_s:.0f} s{reach}")
@@ -310,7 +311,7 @@ class EngineClient:
         threading.Thread(target=self._read, args=(self._conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         if self.service_dir is not None:  # mode 0600 (atomic_write_text): it holds the authkey
             atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
-                {"address": list(connect[0]) if self.listen_tcp else socket_path, "family": connect[1],
+                {"address": list(where) if self.listen_tcp else where, "family": "AF_INET" if self.listen_tcp else "AF_UNIX",
                  "node": node_name(), "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
                 starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")

@@ -2,11 +2,11 @@
 :class:`mars2.backends.engine.EngineClient`; protocol in that module, spec = :class:`~mars2.backends.engine.EngineSpec`
 as JSON, plus the node-service fields ``stop_file`` and ``idle_exit_s``, or a child engine's ``parent_pid``).
 
-It loads the model once, listens on ``ADDRESS`` (authkey from ``MARS2_ENGINE_AUTHKEY``): a Unix socket's path, or
-``tcp:HOST`` for a node service other nodes reach (a TCP port on interface HOST, any free one; the port goes to the
-spec's ``port_file`` once it listens), reads
-each connection in its own thread and hands every "sample" request to the engine, which batches whatever is in
-flight, answering each when it finishes. Two engines speak it:
+It loads the model once, listens on ``ADDRESS``: a Unix socket's path, or ``tcp:HOST`` for a node service other
+nodes reach (a free TCP port at HOST; the port goes to the spec's ``port_file`` once it listens). Each connection
+gets a thread of its own, where its peer first proves the key (``MARS2_ENGINE_AUTHKEY``;
+:func:`~mars2.backends.base.authenticate`) and its requests are then read: every "sample" request goes to the
+engine, which batches whatever is in flight, answering each when it finishes. Two engines speak it:
 
 - "transformers" (:class:`TransformersEngine`, this environment): the backend's
   :class:`~mars2.backends.continuous.ContinuousBatcher`; a load copies the new tensors into the model's parameters
@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mars2.backends.base import CheckpointRefused, checkpoint_files
+from mars2.backends.base import CheckpointRefused, authenticate, checkpoint_files
 
 TCP = "tcp:"  # ADDRESS of a service listening on TCP: "tcp:<interface>"
 
@@ -280,12 +280,12 @@ def main(address: str, spec_json: str) -> None:
     loaded.set()
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
-    if address.startswith(TCP):
-        listener = Listener((address[len(TCP):], 0), family="AF_INET", authkey=authkey)
+    if address.startswith(TCP):  # no key here: each connection proves it in its own thread (accept_forever)
+        listener = Listener((address[len(TCP):], 0), family="AF_INET")
         write_port(spec["port_file"], listener.address[1])
     else:
-        listener = Listener(address, family="AF_UNIX", authkey=authkey)
-    threading.Thread(target=accept_forever, args=(listener, state), daemon=True).start()
+        listener = Listener(address, family="AF_UNIX")
+    threading.Thread(target=accept_forever, args=(listener, state, authkey), daemon=True).start()
     supervise(state, **ends, idle_exit_s=float(spec.get("idle_exit_s") or 0))
 
 
@@ -297,20 +297,31 @@ def write_port(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-def accept_forever(listener, state: EngineState) -> None:
-    """Serve each connection in a thread of its own; if this loop itself fails, the engine stops (a live engine
-    that no longer accepts would leave its clients waiting in the handshake)."""
-    from multiprocessing import AuthenticationError
-
+def accept_forever(listener, state: EngineState, authkey: bytes) -> None:
+    """Serve each connection in a thread of its own, which first checks its key: a peer that never finishes the
+    handshake holds up no other. If this loop itself fails, the engine stops (a live engine that no longer accepts
+    would leave its clients waiting)."""
     try:
         while True:
             try:
                 conn = listener.accept()
-            except (OSError, EOFError, AuthenticationError):
-                continue  # a client that died or failed authentication mid-handshake: the others still come
-            threading.Thread(target=serve, args=(conn, state), daemon=True).start()
+            except OSError:
+                continue  # a peer that went away before it was accepted: the others still come
+            threading.Thread(target=authenticated_serve, args=(conn, state, authkey), daemon=True).start()
     except BaseException:
         stop(state)
+
+
+def authenticated_serve(conn, state: EngineState, authkey: bytes) -> None:
+    """Serve ``conn`` once its peer has proved the key; a peer that fails or stalls is dropped."""
+    from multiprocessing import AuthenticationError
+
+    try:
+        authenticate(conn, authkey, serving=True)
+    except (AuthenticationError, EOFError, OSError):
+        conn.close()
+        return
+    serve(conn, state)
 
 
 def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start: int = 0, stop_file: str = "",
