@@ -19,6 +19,7 @@ from mars2.config import BackendConfig
 from pipeline.dispatch import encode_args
 from pipeline.engines import EnginePool
 from pipeline.stage import StageContext
+from test_engine import _alive, _gone_within
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 SERVE = """
@@ -49,23 +50,6 @@ def two_nodes(tmp_path, monkeypatch):
     yield ctx, provide, calls
     (tmp_path / "engines" / "run-1").mkdir(parents=True, exist_ok=True)
     (tmp_path / "engines" / "run-1" / "STOP").write_text("")  # the run's end stops node-b's service
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _ids(out):
