@@ -250,7 +250,8 @@ def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) ->
         spec = dataclasses.replace(spec, python=find_python() or spec.python)
     if spec.cuda_visible_devices:
         ids = [int(i) for i in spec.cuda_visible_devices.split(",")]
-        spec = dataclasses.replace(spec, cuda_visible_devices=visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        mapped = visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        spec = dataclasses.replace(spec, cuda_visible_devices=mapped)
     folder = node_services_dir(ctx)
     try:
         engine = EngineClient(spec, service_dir=folder, start_timeout_s=backend.start_timeout_s,

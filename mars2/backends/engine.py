@@ -310,9 +310,10 @@ class EngineClient:
             time.sleep(0.05)
         threading.Thread(target=self._read, args=(self._conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         if self.service_dir is not None:  # mode 0600 (atomic_write_text): it holds the authkey
+            family = "AF_INET" if self.listen_tcp else "AF_UNIX"
             atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
-                {"address": list(where) if self.listen_tcp else where, "family": "AF_INET" if self.listen_tcp else "AF_UNIX",
-                 "node": node_name(), "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
+                {"address": list(where) if self.listen_tcp else where, "family": family, "node": node_name(),
+                 "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
                 starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")
 

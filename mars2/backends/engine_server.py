@@ -211,9 +211,10 @@ def serve(conn, state: EngineState) -> None:
 
 def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
-    so no stage attaches to a service on its way out (a TCP service's port file goes instead); a shutdown that hangs for ``grace_s`` gives way to SIGKILL
-    of the engine's process group (its children with it). The listener's accept() does not wake up on its
-    own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
+    so no stage attaches to a service on its way out (a TCP service's port file goes instead); a shutdown that
+    hangs for ``grace_s`` gives way to SIGKILL of the engine's process group (its children with it). The listener's
+    accept() does not wake up on its own, hence ``os._exit``. Also the SIGTERM handler (a child engine's
+    parent-death signal)."""
     if _address:
         with contextlib.suppress(OSError):
             os.unlink(_address)
