@@ -212,8 +212,8 @@ def _cli(*args, tmp_path):
 
 
 def test_cli_prints_the_32b_plan_without_prefect_or_mlflow(tmp_path):
-    """The paper's layout (one node per agent) fits the cluster, but a run would refuse it: one tree search's engines
-    must share a node. The suggested one-node layout is planned and accepted."""
+    """The paper's layout (one node per agent) fits the cluster, but a run without a work pool per node would refuse
+    it. Both suggested layouts, a pool per node and one node, are planned and accepted."""
     out = _cli("agents=heterogeneous_32b", tmp_path=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]
     for needle in ("Qwen3-32B", "AReaL-boba-2-32B", "32.76 B (32,762,123,264)", "public 32.8 B", "ZeRO-3+opt→cpu",
@@ -228,6 +228,10 @@ def test_cli_prints_the_32b_plan_without_prefect_or_mlflow(tmp_path):
     out = _cli("agents=heterogeneous_32b", *fix, tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "node0:GPU0-3" in out.stdout and "node0:GPU4-7" in out.stdout and "plan: fits" in out.stdout
+    pools = refusal.split("Run on 2 nodes with ")[1].split(" (a worker per node)")[0].replace("'", "").split()
+    assert pools == ["orchestration=pools", "orchestration.node_pools=[gpu-node0,gpu-node1]"]
+    out = _cli("agents=heterogeneous_32b", *pools, tmp_path=tmp_path)
+    assert out.returncode == 0 and "node1:GPU0-7" in out.stdout and "would be refused" not in out.stderr, out.stderr
 
 
 def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
