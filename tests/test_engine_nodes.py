@@ -29,6 +29,16 @@ print(serve_engine(**decode_args(serve_engine, json.loads(sys.argv[1]))))
 """
 
 
+def serve_on(node: str, ctx: StageContext, backend: BackendConfig, spec: EngineSpec) -> str:
+    """What a ``serve_engine`` flow run on ``node``'s pool does: the real ``serve_engine``, in a process of its own
+    whose node name is ``node``; returns its registration folder."""
+    args = json.dumps(encode_args({"ctx": ctx, "spec": spec, "backend": backend}))
+    out = subprocess.run([sys.executable, "-c", SERVE, args], env={**os.environ, NODE_NAME: node},
+                         capture_output=True, text=True, timeout=backend.start_timeout_s + 60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 @pytest.fixture
 def two_nodes(tmp_path, monkeypatch):
     """This process is node-a; ``provide`` serves an owner's engine on node-b (a process of its own), as the
@@ -41,11 +51,7 @@ def two_nodes(tmp_path, monkeypatch):
 
     def provide(spec: EngineSpec):
         calls.append(spec.version)
-        args = json.dumps(encode_args({"ctx": ctx, "spec": spec, "backend": backend}))
-        out = subprocess.run([sys.executable, "-c", SERVE, args], env={**os.environ, NODE_NAME: "node-b"},
-                             capture_output=True, text=True, timeout=180)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout.strip().splitlines()[-1]
+        return serve_on("node-b", ctx, backend, spec)
 
     yield ctx, provide, calls
     (tmp_path / "engines" / "run-1").mkdir(parents=True, exist_ok=True)

@@ -187,25 +187,16 @@ def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(en
     """orchestration.node_pools: the owner's vLLM engine is served on its node ("node-b", a process of its own
     running the real ``serve_engine``) and reached over TCP; the same weights and seed give the same tokens as the
     module's engine, and the run's STOP file ends it with vLLM's processes."""
-    import subprocess
-    import sys
-
-    from mars2.backends.engine import NODE_ADDRESS, NODE_NAME, EngineClient
+    from mars2.backends.engine import NODE_ADDRESS, EngineClient
     from mars2.config import BackendConfig
-    from pipeline.dispatch import encode_args
     from pipeline.stage import StageContext
+    from test_engine_nodes import serve_on
 
     monkeypatch.setenv(NODE_ADDRESS, "127.0.0.1")
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-1", engine_pools={"qwen_vllm": "node-b"})
-    serve = ("import json, sys\nfrom pipeline.dispatch import decode_args, serve_engine\n"
-             "print(serve_engine(**decode_args(serve_engine, json.loads(sys.argv[1]))))")
 
     def provide(spec):
-        args = json.dumps(encode_args({"ctx": ctx, "spec": spec, "backend": BackendConfig(start_timeout_s=900)}))
-        out = subprocess.run([sys.executable, "-c", serve, args], env={**os.environ, NODE_NAME: "node-b"},
-                             capture_output=True, text=True, timeout=1000)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out.stdout.strip().splitlines()[-1]
+        return serve_on("node-b", ctx, BackendConfig(start_timeout_s=900), spec)
 
     params = SamplingParams(temperature=1.0, max_new_tokens=16)
     here = engine.generate([PROMPT], params, [11])[0][0]
