@@ -224,6 +224,9 @@ def worker(variant: str, job_path: str, trace: bool = False) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from mars2.shims.deepspeed_import import import_deepspeed
+
+    import_deepspeed()  # first, so that no `import deepspeed` below brings MLflow in
     name, job = variant_job(variant, json.loads(Path(job_path).read_text()))
     if job["skip_save"]:
         skip_saves()

@@ -26,19 +26,6 @@ from mars2.config import ConfigError
 from pipeline.config import compose_run
 
 
-def _import_deepspeed_without_mlflow() -> None:
-    """DeepSpeed's autotuner imports MLflow whenever it is installed (seconds of import time, and this CLI
-    promises neither Prefect nor MLflow): hide MLflow while DeepSpeed loads. Only its autotuner, which mars2
-    never uses, notices."""
-    if "mlflow" in sys.modules:
-        return
-    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` now raises ImportError
-    try:
-        import deepspeed  # noqa: F401
-    finally:
-        del sys.modules["mlflow"]
-
-
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(_: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -48,7 +35,6 @@ def main(_: DictConfig) -> None:
     except ConfigError as e:
         sys.exit(f"mars2: config error: {e}")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only DeepSpeed's estimators run here: no device probing
-    _import_deepspeed_without_mlflow()
     from rich.console import Console
 
     from mars2.plan import ModelConfigNotFound, PlanRefused, plan

@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 
-from mars2.shims import check_version, deepspeed_zero3, transformers_cache
+from mars2.shims import check_version, deepspeed_import, deepspeed_zero3, transformers_cache
 from pipeline.shims import mlflow_store, prefect_server
 
-SHIMS = [deepspeed_zero3, transformers_cache, prefect_server, mlflow_store]
+SHIMS = [deepspeed_import, deepspeed_zero3, transformers_cache, prefect_server, mlflow_store]
 
 
 @pytest.mark.parametrize("shim", SHIMS, ids=lambda m: m.__name__)
@@ -47,6 +47,24 @@ def test_deepspeed_still_keeps_the_references_the_shim_drops():
         assert not any(m is ours or m is ours[0] for m in parameter_offload.FWD_MODULE_STACK)
     finally:
         parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if m is not kept]
+
+
+def test_deepspeed_loads_without_mlflow_in_a_fresh_process_and_mlflow_still_imports_after():
+    """A fresh update rank: DeepSpeed's autotuner would import MLflow (the reason for the shim); it must not, and an
+    ``import mlflow`` afterwards must still work (the hiding entry is gone)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\n"
+             "from mars2.shims.deepspeed_import import import_deepspeed\n"
+             "import_deepspeed()\n"
+             "from deepspeed.autotuning import autotuner\n"
+             "print('mlflow' in sys.modules, autotuner.has_mlflow)\n"
+             "import mlflow\n"
+             "print(mlflow.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False", "mlflow"]
 
 
 def test_dynamic_layer_has_no_method_the_slack_layer_has_not_looked_at():

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mars2.shims.deepspeed_import import import_deepspeed
+
 GB = 2**30
 ADAM_MIXED_PRECISION_BYTES = 16  # 2 (16-bit params) + 2 (16-bit grads) + 4 (fp32 master) + 8 (Adam m, v)
 
@@ -39,6 +41,7 @@ def zero_model_states(stage: int, params: int, largest_layer: int, *, gpus_per_n
     """
     total = gpus_per_node * nodes
     if stage == 2 or (stage == 1 and offload_optimizer):
+        import_deepspeed()
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
         cpu, gpu = estimate_zero2_model_states_mem_needs(
@@ -47,6 +50,7 @@ def zero_model_states(stage: int, params: int, largest_layer: int, *, gpus_per_n
         return ModelStates(int(gpu), int(cpu), f"deepspeed estimate_zero2_model_states_mem_needs"
                                                f"(cpu_offload={offload_optimizer})")
     if stage == 3:
+        import_deepspeed()
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(

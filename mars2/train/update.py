@@ -27,6 +27,7 @@ from torch.profiler import record_function
 
 from mars2.backends.base import checkpoint_files
 from mars2.rl.losses import LOSSES
+from mars2.shims.deepspeed_import import import_deepspeed
 
 DS_ONLY_KEYS = ("gradient_checkpointing",)
 
@@ -95,7 +96,7 @@ def init_distributed() -> tuple[int, int]:
                  "MASTER_PORT": "29500"}.items():
         os.environ.setdefault(k, v)
     if not dist.is_initialized():
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if not launched:
@@ -319,7 +320,7 @@ def load_causal_lm(path: str, dtype: str, device: str, ds_cfg: dict[str, Any] | 
 
     if ds_cfg is None or zero_stage(ds_cfg) != 3:
         return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
-    import deepspeed
+    deepspeed = import_deepspeed()
     from transformers.initialization import no_init_weights
     from transformers.integrations.deepspeed import prevent_arange_dtype_change
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -343,7 +344,7 @@ def load_into_partitions(model, path: str | Path) -> None:
     rank 0 copies their values from the safetensors files (mapped tensor by tensor), and leaving the gather
     re-partitions them, so no rank ever holds more than one module's full parameters. A parameter tied to one
     loaded before (tied embeddings) is skipped; a parameter the checkpoint lacks is an error."""
-    import deepspeed
+    deepspeed = import_deepspeed()
     import torch.distributed as dist
     from safetensors import safe_open
 
@@ -379,7 +380,7 @@ def reference_logprobs(ref_model_dir: str, batches: list[dict[str, torch.Tensor]
     """log π_ref of every micro-batch ([B, L−1] each, zeros off the response), computed once before the optimizer
     steps; the reference model is freed before the policy is built, so the two never share memory. Under ZeRO-3 the
     reference is partitioned too (its own DeepSpeed engine, no optimizer)."""
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     ref = load_causal_lm(ref_model_dir, hp.dtype, device, ds_cfg if zero_stage(ds_cfg) == 3 else None)
     engine = None
@@ -476,7 +477,7 @@ def policy_engine(model_dir: str, prev_ds_dir: str | None, profile: dict[str, An
     """The policy's DeepSpeed engine (partitioned under ZeRO-3) with :func:`build_optimizer` at this update's lr
     (:func:`update_lr`), resumed from the previous update's ``ds/`` when there is one (optimizer state, torch RNG,
     the update step). Returns (engine, optimizer, lr, update step reached so far)."""
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     model = load_causal_lm(model_dir, hp.dtype, device, ds_cfg)
     if profile.get("gradient_checkpointing"):
