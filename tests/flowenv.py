@@ -29,6 +29,12 @@ _server: dict = {}
 RANDOM_TEAM = ["agents=tiny_cpu", "data=toy"]
 
 
+# What this server never needs (no deployments, workers, schedules or automations): each service's loop costs CPU
+# all session long, which the flows beside it on two cores need. Flow, task run and log records stay.
+IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "REPOSSESSOR", "TRIGGERS", "PAUSE_EXPIRATIONS",
+                 "CANCELLATION_CLEANUP", "DB_VACUUM", "CLEANUP_RECONCILER")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as s:
@@ -45,7 +51,8 @@ def prefect_api_url() -> str:
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in IDLE_SERVICES}}
     env.pop("PREFECT_API_URL", None)
     log = (home / "test-server.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
