@@ -19,9 +19,10 @@ from pipeline.runtime import configure_process
 CONFIG_NAME = "config"
 
 if __name__ == "__main__":  # a bad override fails before the imports below
+    from pipeline.checkpoints import require_given_checkpoints
     from pipeline.cli import check_first
 
-    check_first(sys.argv[1:], config_name=CONFIG_NAME, check_fit=False, dispatch=False)
+    check_first(sys.argv[1:], require_given_checkpoints, config_name=CONFIG_NAME, check_fit=False, dispatch=False)
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mars2.config import ConfigError
+from mars2.config import ConfigError, RunConfig
 from pipeline import runtime
 
 MIN_FREE_MIB = 64  # a run folder with less free space than this is refused before anything starts
@@ -29,13 +29,14 @@ def check_command_line(argv: list[str]) -> None:
             sys.exit(f"mars2: config error: {hint}")
 
 
-def check_first(argv: list[str], **compose: object) -> None:
+def check_first(argv: list[str], then: Callable[[RunConfig], object] | None = None, **compose: object) -> None:
     """The command line's own check, before a flow module imports Prefect, MLflow and torch (seconds on a small
     machine): exit with one paragraph when an override names nothing that exists (:func:`check_command_line`) or
-    composes an invalid config (:func:`pipeline.config.compose_run` with ``compose``, e.g. ``config_name``). Only a
-    single run given by plain overrides is composed here; a multirun, Hydra's flags and ``hydra.*`` overrides are
-    checked by each job (:func:`run_flow_from_cli`), as is whatever needs the flow's imports (a server to dispatch
-    to, checkpoints)."""
+    composes an invalid config (:func:`pipeline.config.compose_run` with ``compose``, e.g. ``config_name``), or when
+    ``then(run)`` raises a :class:`ConfigError` (the flow's own light checks, e.g. checkpoint folders). Only a single
+    run given by plain overrides is composed here; a multirun, Hydra's flags and ``hydra.*`` overrides are checked by
+    each job (:func:`run_flow_from_cli`), as is whatever needs the flow's imports (a server to dispatch to, an
+    earlier run's weights in the MLflow store)."""
     runtime.configure_process()  # offline hub flags before a GPU preset's plan loads transformers
     check_command_line(argv)
     if any(a.startswith(("-", "hydra.")) for a in argv):
@@ -43,7 +44,9 @@ def check_first(argv: list[str], **compose: object) -> None:
     from pipeline.config import compose_run
 
     try:
-        compose_run(argv, **compose)
+        run = compose_run(argv, **compose)
+        if then is not None:
+            then(run)
     except ConfigError as e:
         sys.exit(f"mars2: {getattr(e, 'label', 'config error')}: {e}")
 

@@ -516,7 +516,7 @@ def final_model_dirs(cfg: RunConfig, run_id: str) -> dict[str, str]:
 
     from mlflow.exceptions import MlflowException
 
-    from tasks.checkpoints import CheckpointError
+    from pipeline.checkpoints import CheckpointError
 
     client = _client(tracking_uri(cfg))
     try:

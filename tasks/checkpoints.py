@@ -11,38 +11,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-
-from mars2.config import ConfigError
 from mars2.io import folder_fingerprints
+from pipeline.checkpoints import require_checkpoints
 from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "pipeline.weights")
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be evaluated: unknown agent, missing folder, no weights in it."""
-
-    label = "checkpoint error"
+MODULES = ("mars2.io", "tasks.checkpoints", "pipeline.checkpoints", "pipeline.weights")
 
 
 def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[str, dict[str, str]]:
-    """Fingerprint of every file of each checkpoint folder (folders we do not own: large files add their mtime);
-    raises :class:`CheckpointError` with what to fix."""
-    unknown = sorted(set(checkpoints) - set(owners))
-    if unknown:
-        raise CheckpointError(f"eval.checkpoints names {unknown}, which own no weights in this preset; "
-                              f"weight owners: {owners}")
-    out = {}
-    for owner, folder in sorted(checkpoints.items()):
-        path = Path(folder)
-        if not path.is_dir():
-            raise CheckpointError(f"checkpoint of {owner!r} not found: {folder} is not a folder (give the `model/` "
-                                  "folder of an update stage, or an HF model folder)")
-        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-            raise CheckpointError(f"checkpoint of {owner!r}: {folder} holds no *.safetensors or *.bin weights")
-        out[owner] = folder_fingerprints(path, with_mtime=True)
-    return out
+    """Fingerprint of every file of each checkpoint folder (folders we do not own: large files add their mtime),
+    after :func:`pipeline.checkpoints.require_checkpoints`."""
+    require_checkpoints(checkpoints, owners)
+    return {owner: folder_fingerprints(Path(folder), with_mtime=True) for owner, folder in sorted(checkpoints.items())}
 
 
 @stage_task(STAGE)

@@ -144,13 +144,17 @@ def test_cli_bad_config_fails_fast_with_one_paragraph(args, needle):
     assert not Path("/nonexistent-do-not-create").exists()
 
 
-@pytest.mark.parametrize(("flow", "bad"), [("train_cycle", "train.cycles=-1"), ("evaluate", "eval.n_samples=0"),
-                                           ("gate", "gate.max_problems=-1")])
-def test_a_bad_override_fails_before_prefect_mlflow_or_torch_is_imported(flow, bad):
-    """The command line checks the config first: a mistyped value costs a second, not the stack's imports."""
+@pytest.mark.parametrize(("flow", "bad", "says"), [
+    ("train_cycle", "train.cycles=-1", "config error: train."), ("evaluate", "eval.n_samples=0", "config error: eval."),
+    ("gate", "gate.max_problems=-1", "config error: gate."),
+    ("evaluate", "+eval.checkpoints.qwen_tiny=/no/such/folder", "checkpoint error: checkpoint of 'qwen_tiny' not found"),
+    ("gate", "+eval.checkpoints.nobody=/tmp", "checkpoint error: eval.checkpoints names ['nobody']")])
+def test_a_bad_override_fails_before_prefect_mlflow_or_torch_is_imported(flow, bad, says):
+    """The command line checks the config first, and the checkpoint folders it names: a mistyped value costs a second,
+    not the stack's imports."""
     out = subprocess.run([sys.executable, "-X", "importtime", f"flows/{flow}.py", bad], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, "MARS2_HOME": "/nonexistent-do-not-create"}, timeout=120)
-    assert out.returncode == 1 and f"mars2: config error: {bad.split('.')[0]}." in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 1 and f"mars2: {says}" in out.stderr, out.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in out.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "hydra" in imported and not imported & {"prefect", "mlflow", "torch", "transformers"}
