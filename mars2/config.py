@@ -32,6 +32,7 @@ EVAL_SPLITS = ("eval", "train")
 ORCHESTRATION_MODES = ("local", "pools")
 STAGES = ("data", "agents", "bootstrap", "rollout", "grading", "advantage", "update", "evaluation")
 GENERATION_STAGES = ("rollout", "evaluation")  # the dispatched stages that generate with every agent's engine
+OWNER_STAGES = ("update",)  # one owner's stages: on the owner's node pool when the run spans nodes
 
 
 def choice(default: str | None, allowed: tuple[str, ...], hint: str = "") -> Any:
@@ -930,6 +931,12 @@ def _validate_orchestration(o: OrchestrationConfig) -> None:
         _fail(f"orchestration.node_pools: stage(s) {generating} would run in the flow's own process (pool "
               f"{o.flow_pool!r}), which reaches no engine on another node",
               "Send the generation stages to a worker pool: orchestration.pools.<stage>=<pool> (pools.yaml does).")
+    local_owner_stages = sorted(s for s in OWNER_STAGES if o.pools.get(s, o.flow_pool) == o.flow_pool)
+    if o.node_pools and local_owner_stages:
+        _fail(f"orchestration.node_pools: stage(s) {local_owner_stages} would run in the flow's own process (pool "
+              f"{o.flow_pool!r}) for every agent, not on each agent's node",
+              "Send them to a worker pool, which a run on several nodes replaces by each owner's node pool: "
+              "orchestration.pools.update=<pool> (pools.yaml does).")
 
 
 def _validate_nodes(cfg: RunConfig) -> None:

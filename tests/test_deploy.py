@@ -277,6 +277,8 @@ def test_a_stage_that_raises_is_named_by_its_task_run_name(tmp_path):
     (["orchestration.node_pools=[n0,n1]"], "node_pools=\\['n0', 'n1'\\] needs orchestration=pools"),
     (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "orchestration.pools.rollout=cpu"],
      r"stage\(s\) \['rollout'\] would run in the flow's own process"),
+    (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "orchestration.pools.update=cpu"],
+     r"stage\(s\) \['update'\] would run in the flow's own process \(pool 'cpu'\) for every agent"),
     (["orchestration=pools", "orchestration.node_pools=[n0]", "agents.members.1.node=1"],
      r"node=1 but the run has 1 node\(s\)"),
     (["orchestration=pools", "orchestration.node_pools=[n0,n1]", "backend.persistent=false"],
