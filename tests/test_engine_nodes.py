@@ -182,3 +182,98 @@ def test_a_start_that_fails_on_the_owners_node_still_counts_in_engine_starts(tmp
                      BackendConfig(start_timeout_s=30))
     assert (tmp_path / "engines" / "run-1" / "starts").read_text() == "qwen_tiny node-b failed\n"
     assert EnginePool(True, start_timeout_s=1, run_dir=tmp_path / "engines" / "run-1").starts == 1
+
+
+def test_a_connect_to_an_address_that_never_answers_gives_up_after_its_timeout():
+    """A node gone or firewalled drops the connection's packets: the connect itself gives up after the timeout, not
+    after the kernel's minutes of retries (here a listener whose backlog is full: the kernel drops the next SYN)."""
+    import socket
+
+    from mars2.backends.engine import connect
+
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    queued = socket.create_connection(full.getsockname())  # fills the backlog
+    try:
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            connect(full.getsockname(), b"k" * 16, timeout_s=1.0)
+        assert time.monotonic() - started < 5
+    finally:
+        queued.close()
+        full.close()
+
+
+def test_connections_between_nodes_keep_alive_and_unix_ones_are_left_as_they_are(tmp_path):
+    """A node that dies without closing leaves a TCP peer that only reads waiting forever unless the connection
+    probes it: both ends of a TCP engine connection turn keepalive on, with the project's timings."""
+    import socket
+    from multiprocessing.connection import Client, Listener
+
+    from mars2.backends.base import KEEPALIVE, keep_alive
+
+    with Listener(("127.0.0.1", 0), family="AF_INET") as listener:
+        client = Client(listener.address, family="AF_INET")
+        server = listener.accept()
+        keep_alive(client)
+        probe = socket.socket(fileno=os.dup(client.fileno()))
+        assert probe.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE[0]
+        assert probe.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == KEEPALIVE[2]
+        probe.close()
+        unprobed = socket.socket(fileno=os.dup(server.fileno()))
+        assert unprobed.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0  # what keep_alive changed
+        unprobed.close()
+        client.close()
+        server.close()
+    with Listener(str(tmp_path / "s"), family="AF_UNIX") as listener:
+        client = Client(str(tmp_path / "s"), family="AF_UNIX")
+        keep_alive(client)  # nothing to do, and no error
+        client.send("still works")
+        assert listener.accept().recv() == "still works"
+        client.close()
+
+
+def test_a_burst_of_silent_peers_is_cut_to_a_few_handshakes_and_the_service_still_accepts(monkeypatch):
+    """Peers past ``HANDSHAKES_AT_ONCE`` still proving the key are closed on arrival (a burst of port scanners
+    cannot take every descriptor); once the silent ones go, a new peer gets its handshake again."""
+    import socket
+    import threading
+    from multiprocessing.connection import Listener
+
+    from mars2.backends import engine_server
+
+    monkeypatch.setattr(engine_server, "HANDSHAKES_AT_ONCE", 2)
+    monkeypatch.setattr(engine_server, "stop", lambda state: None)  # a failed loop would end this process
+    listener = Listener(("127.0.0.1", 0), family="AF_INET")  # left open: the loop's thread waits in accept()
+    threading.Thread(target=engine_server.accept_forever, args=(listener, None, b"k" * 16), daemon=True).start()
+
+    def closed_on_arrival() -> bool:
+        peer = socket.create_connection(listener.address, timeout=10)
+        try:
+            peer.settimeout(1.0)
+            try:
+                first = peer.recv(1)  # a served peer gets the key challenge at once; a refused one, EOF
+            except TimeoutError:
+                return False
+            return first == b""
+        finally:
+            peer.close()
+
+    silent = [socket.create_connection(listener.address) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10  # once both silent peers are accepted (a loaded machine takes its time)
+        while not closed_on_arrival():
+            assert time.monotonic() < deadline, "a peer beyond the handshake limit was served"
+    finally:
+        for peer in silent:
+            peer.close()
+    deadline = time.monotonic() + 10
+    while closed_on_arrival():  # their handshakes end with their EOF
+        assert time.monotonic() < deadline, "the handshake places were never given back"
+    engine_server._stopping.set()  # an engine on its way out serves no one, even within the limit
+    try:
+        assert closed_on_arrival()
+    finally:
+        engine_server._stopping.clear()

@@ -168,6 +168,23 @@ def visible_devices(gpu_ids: list[int], parent_visible: str | None) -> str:
 
 
 HANDSHAKE_S = 30.0  # an engine connection's peer must have proved the key by then, or it is cut off
+# TCP keepalive of an engine connection between nodes (idle s, s between probes, probes): a peer gone without closing
+# (a node powered off, a cut link) is noticed within ~1 min by a side that only waits to read
+KEEPALIVE = (30, 10, 3)
+
+
+def keep_alive(conn) -> None:
+    """Turn on TCP keepalive (:data:`KEEPALIVE`) on a connection to or from another node; a Unix socket needs none
+    (its peer's end is always seen)."""
+    probe = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        if probe.family == socket.AF_INET:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE, strict=True):
+                if hasattr(socket, option):
+                    probe.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    finally:
+        probe.close()
 
 
 def disconnect(conn) -> None:

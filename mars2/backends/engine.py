@@ -52,7 +52,7 @@ from multiprocessing import AuthenticationError
 from pathlib import Path
 
 from mars2.backends.base import (HANDSHAKE_S, SERVICE_IDLE_EXIT_S, Generation, SamplingParams, authenticate,
-                                 call_seeds, disconnect, request_seed)
+                                 call_seeds, disconnect, keep_alive, request_seed)
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
 from mars2.procs import popen_bound
@@ -100,12 +100,20 @@ class EngineSpec:
 
 
 def connect(address: str | tuple[str, int], authkey: bytes, timeout_s: float):
-    """A ``Client`` connection to an engine (a Unix socket's path, or (host, port)) whose key handshake gives up
-    after ``timeout_s`` (:func:`~mars2.backends.base.authenticate`)."""
-    from multiprocessing.connection import SocketClient
+    """A ``Client`` connection to an engine (a Unix socket's path, or (host, port)) whose connect and key handshake
+    each give up after ``timeout_s`` (:func:`~mars2.backends.base.authenticate`): an address whose packets are
+    dropped fails then, not after the kernel's minutes of retries. A TCP connection keeps alive
+    (:func:`~mars2.backends.base.keep_alive`)."""
+    from multiprocessing.connection import Connection
 
-    conn = SocketClient(address)
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    with socket.socket(family) as s:
+        s.settimeout(timeout_s)
+        s.connect(tuple(address) if family == socket.AF_INET else address)
+        s.settimeout(None)
+        conn = Connection(s.detach())
     try:
+        keep_alive(conn)
         authenticate(conn, authkey, serving=False, timeout_s=timeout_s)
     except BaseException:
         conn.close()

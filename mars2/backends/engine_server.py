@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mars2.backends.base import CheckpointRefused, authenticate, checkpoint_files
+from mars2.backends.base import CheckpointRefused, authenticate, checkpoint_files, keep_alive
 
 TCP = "tcp:"  # ADDRESS of a service listening on TCP: "tcp:<interface>"
 
@@ -211,10 +211,11 @@ def serve(conn, state: EngineState) -> None:
 
 def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
-    so no stage attaches to a service on its way out (a TCP service's port file goes instead); a shutdown that
-    hangs for ``grace_s`` gives way to SIGKILL of the engine's process group (its children with it). The listener's
-    accept() does not wake up on its own, hence ``os._exit``. Also the SIGTERM handler (a child engine's
-    parent-death signal)."""
+    so no stage attaches to a service on its way out (a TCP service's port file goes, and the connections it
+    accepts from then on are closed unserved); a shutdown that hangs for ``grace_s`` gives way to SIGKILL of the
+    engine's process group (its children with it). The listener's accept() does not wake up on its own, hence
+    ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
+    _stopping.set()  # a TCP service's listener stays open until the exit: connections from now on are closed
     if _address:
         with contextlib.suppress(OSError):
             os.unlink(_address)
@@ -234,6 +235,7 @@ def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
 
 
 _address = ""  # the engine's socket, or a TCP service's port file (set by main)
+_stopping = threading.Event()  # set by stop(): no connection is served from then on
 _own_group = False  # the client started it in a session of its own (set by main)
 
 
@@ -298,28 +300,46 @@ def write_port(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
+HANDSHAKES_AT_ONCE = 32  # connections still proving the key; more are closed at once (a burst of silent peers)
+
+
 def accept_forever(listener, state: EngineState, authkey: bytes) -> None:
     """Serve each connection in a thread of its own, which first checks its key: a peer that never finishes the
-    handshake holds up no other. If this loop itself fails, the engine stops (a live engine that no longer accepts
-    would leave its clients waiting)."""
+    handshake holds up no other, and at most :data:`HANDSHAKES_AT_ONCE` wait in theirs (a burst of silent peers
+    cannot take every file descriptor). A failed accept is retried after a pause (out of descriptors, it would
+    fail again at once). If this loop itself fails, the engine stops (a live engine that no longer accepts would
+    leave its clients waiting)."""
+    handshakes = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
     try:
         while True:
             try:
                 conn = listener.accept()
             except OSError:
-                continue  # a peer that went away before it was accepted: the others still come
-            threading.Thread(target=authenticated_serve, args=(conn, state, authkey), daemon=True).start()
+                time.sleep(0.05)  # a peer that went away before it was accepted, or no descriptor left
+                continue
+            if _stopping.is_set() or not handshakes.acquire(blocking=False):
+                conn.close()
+                continue
+            threading.Thread(target=authenticated_serve, args=(conn, state, authkey, handshakes), daemon=True).start()
     except BaseException:
         stop(state)
 
 
-def authenticated_serve(conn, state: EngineState, authkey: bytes) -> None:
-    """Serve ``conn`` once its peer has proved the key; a peer that fails or stalls is dropped."""
+def authenticated_serve(conn, state: EngineState, authkey: bytes, handshakes: threading.BoundedSemaphore) -> None:
+    """Serve ``conn`` once its peer has proved the key (a TCP one kept alive: a peer node gone without closing ends
+    the connection, so an idle service still sees that no stage is connected); a peer that fails or stalls is
+    dropped. The handshake's place in ``handshakes`` is given back either way."""
     from multiprocessing import AuthenticationError
 
     try:
+        keep_alive(conn)
         authenticate(conn, authkey, serving=True)
     except (AuthenticationError, EOFError, OSError):
+        conn.close()
+        return
+    finally:
+        handshakes.release()
+    if _stopping.is_set():  # proved its key while the engine was on its way out
         conn.close()
         return
     serve(conn, state)
