@@ -277,3 +277,15 @@ def test_a_burst_of_silent_peers_is_cut_to_a_few_handshakes_and_the_service_stil
         assert closed_on_arrival()
     finally:
         engine_server._stopping.clear()
+
+
+def test_an_error_about_a_remote_engine_points_at_its_nodes_log_and_reads_no_local_file(tmp_path):
+    """The log path of an engine on another node is that machine's: the message names the node, and no file that
+    happens to sit at the same path here is shown as its tail."""
+    here = tmp_path / "engine.log"
+    here.write_text("a local file, not the engine's log\n")
+    client = EngineClient.__new__(EngineClient)
+    client._log, client._local, client._node = here, False, "node-b"
+    assert client._log_where() == f"{here} on node node-b" and client._log_tail() == ""
+    client._local, client._node = True, "node-a"
+    assert client._log_where() == str(here) and client._log_tail() == "a local file, not the engine's log"

@@ -160,6 +160,7 @@ class EngineClient:
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
         self._local = True  # the engine runs on this node (its pid is one of this node's processes)
+        self._node = node_name()  # the node it runs on
         try:
             if provide is not None:
                 self._attach_remote()
@@ -241,7 +242,7 @@ class EngineClient:
             raise
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
         self._proc = None  # another process's child: _kill signals it by pid (on this node only)
-        self._local = local
+        self._local, self._node = local, record.get("node", node_name())
         self._log = Path(record["log"])
         threading.Thread(target=self._read, args=(conn,), name=f"engine-{self.spec.agent}", daemon=True).start()
         return True
@@ -253,7 +254,7 @@ class EngineClient:
         conn.send((request_id, *message))
         if not conn.poll(self.start_timeout_s if limited else None):
             raise EngineError(f"the node service of agent {self.spec.agent!r} did not answer {message[0]!r} in "
-                              f"{self.start_timeout_s:.0f} s; its log: {self._log}")
+                              f"{self.start_timeout_s:.0f} s; its log: {self._log_where()}")
         answer_id, status, value = conn.recv()
         if answer_id != request_id or status != "ok":
             raise EngineError(f"the engine of agent {self.spec.agent!r}: {value}")
@@ -300,7 +301,7 @@ class EngineClient:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._proc.pid, signal.SIGKILL)  # what it had started (vLLM's engine core)
                 raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {self._proc.returncode} "
-                                  f"while starting; its log: {self._log}\n{self._log_tail()}")
+                                  f"while starting; its log: {self._log_where()}\n{self._log_tail()}")
             listening = port_file.exists() if self.listen_tcp else os.path.exists(socket_path)
             if listening:
                 where = (node_address(), int(port_file.read_text())) if self.listen_tcp else socket_path
@@ -325,9 +326,16 @@ class EngineClient:
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
                 starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")
 
+    def _log_where(self) -> str:
+        """The engine's log file, and its node when that is another one (the path is that machine's)."""
+        return str(self._log) if self._local else f"{self._log} on node {self._node}"
+
     def _log_tail(self, lines: int = 15) -> str:
+        """The end of the engine's log, read here; empty for an engine on another node."""
         path = self._log
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        if not self._local or not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _send(self, *message) -> Future:
         """Send one request; its answer resolves the returned future (an error answer: :class:`EngineError`)."""
@@ -373,7 +381,7 @@ class EngineClient:
             self._kill()
             if self.restarts_left <= 0:
                 self._fail(EngineError(f"the engine of agent {self.spec.agent!r} crashed and was already restarted "
-                                       f"once; its log: {self._log}\n{self._log_tail()}"))
+                                       f"once; its log: {self._log_where()}\n{self._log_tail()}"))
                 return
             self.restarts_left -= 1
             try:
@@ -386,7 +394,7 @@ class EngineClient:
             except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
                 self._fail(e if isinstance(e, EngineError) else EngineError(
                     f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
-                    f"{e}; its log: {self._log}"))
+                    f"{e}; its log: {self._log_where()}"))
                 return
             resend = sorted(self._pending.items())
             sleep_first = self._asleep and not any(message[0] == "sample" for _, (message, _) in resend)
