@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,9 +115,32 @@ def test_a_remote_engine_the_stage_cannot_reach_is_a_clear_error(tiny_model_dir,
             json.dump({**record, "address": ["127.0.0.1", 9]}, f)  # the discard port: nothing listens
         return folder
 
-    with pytest.raises(EngineError, match=r"qwen_tiny.*cannot be reached.*MARS2_NODE_ADDRESS"):
+    with pytest.raises(EngineError, match=r"qwen_tiny.*provided on its node twice but cannot be reached.*"
+                                          r"MARS2_NODE_ADDRESS"):
         EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
                      provide=unreachable, start_timeout_s=60)
+
+
+def test_a_service_that_ends_between_its_provide_and_the_attach_is_provided_again(tiny_model_dir, tmp_path,
+                                                                                 two_nodes):
+    """node-b's service may end right after ``provide`` returned (its idle exit, a crash): the stage asks node-b
+    once more, which starts it again, instead of failing on an address that no longer answers."""
+    ctx, provide, calls = two_nodes
+
+    def ends_once(spec):
+        folder = provide(spec)
+        if len(calls) == 1:
+            pid = json.loads((Path(folder) / "qwen_tiny.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+            assert _gone_within(pid, 15)
+        return folder
+
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                          provide=ends_once, start_timeout_s=60)
+    try:
+        assert calls == ["v1", "v1"] and engine.generate(["x"], PARAMS, [1])
+    finally:
+        engine.close()
 
 
 def test_a_remote_owners_gpus_are_mapped_by_its_own_node(monkeypatch):

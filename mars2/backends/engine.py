@@ -182,16 +182,20 @@ class EngineClient:
         return self._pid
 
     def _attach_remote(self, *, keep_version: bool = False) -> None:
-        """Have the agent's node run its service (``provide``), then attach to it over TCP."""
-        try:
-            self.service_dir = Path(self.provide(self.spec))
-        except Exception as e:
-            raise EngineError(f"the engine of agent {self.spec.agent!r} on its node could not be provided: "
-                              f"{type(e).__name__}: {e}") from e
-        if not self._attach(keep_version=keep_version):
-            raise EngineError(f"the engine of agent {self.spec.agent!r} was provided on its node but cannot be reached "
-                              f"from {node_name()}: {self.service_dir / (self.spec.agent + '.json')}; is "
-                              f"${NODE_ADDRESS} on that node an address this one can connect to?")
+        """Have the agent's node run its service (``provide``), then attach to it over TCP; once more if the attach
+        fails (the service may have ended between the two: its idle exit, a crash), and that failing too is an
+        error."""
+        for _ in range(2):
+            try:
+                self.service_dir = Path(self.provide(self.spec))
+            except Exception as e:
+                raise EngineError(f"the engine of agent {self.spec.agent!r} on its node could not be provided: "
+                                  f"{type(e).__name__}: {e}") from e
+            if self._attach(keep_version=keep_version):
+                return
+        raise EngineError(f"the engine of agent {self.spec.agent!r} was provided on its node twice but cannot be "
+                          f"reached from {node_name()}: {self.service_dir / (self.spec.agent + '.json')}; is "
+                          f"${NODE_ADDRESS} on that node an address this one can connect to?")
 
     @contextlib.contextmanager
     def _service_lock(self):
