@@ -241,13 +241,16 @@ def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) ->
     """On the owner's node: its engine service of the run holding ``spec.version`` (attached to if it runs, else
     started on TCP), left running for the stage that asked; returns the node's service folder. The spec's GPU
     indices are the plan's on this node, mapped through this worker's ``CUDA_VISIBLE_DEVICES``; a vLLM engine runs
-    in this node's vLLM environment."""
+    in this node's vLLM environment; a CPU engine's threads are the run's CPU budget on this node
+    (:meth:`StageContext.cpu_shares`: ``cpus``, or this node's usable cores), not the asking stage's."""
     import os
 
     from mars2.backends.vllm_env import find_python
 
     if spec.kind == "vllm":
         spec = dataclasses.replace(spec, python=find_python() or spec.python)
+    if spec.device.startswith("cpu"):
+        spec = dataclasses.replace(spec, threads=ctx.cpu_shares(engines=1).engine)
     if spec.cuda_visible_devices:
         ids = [int(i) for i in spec.cuda_visible_devices.split(",")]
         mapped = visible_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))

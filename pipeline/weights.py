@@ -108,7 +108,8 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
 
     The owners' engines come from ``ctx.engines``, the run's pool (no ``ctx`` or no pool: fresh backends). The CPU
     engines of the owners on this node generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
-    without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`)."""
+    without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`); an owner's engine on another
+    node is sized there (:func:`pipeline.dispatch.serve_engine`)."""
     from mars2.search.tree_search import AgentRunner
 
     loaded: dict[str, tuple] = {}

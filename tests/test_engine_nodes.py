@@ -313,3 +313,19 @@ def test_an_error_about_a_remote_engine_points_at_its_nodes_log_and_reads_no_loc
     assert client._log_where() == f"{here} on node node-b" and client._log_tail() == ""
     client._local, client._node = True, "node-a"
     assert client._log_where() == str(here) and client._log_tail() == "a local file, not the engine's log"
+
+
+def test_a_cpu_engine_on_another_node_is_sized_by_the_runs_budget_there(tiny_model_dir, two_nodes):
+    """The asking stage's thread count is its own machine's share; the owner's node sizes the engine it starts from
+    the run's budget there (here cpus=3, against the stage's 5)."""
+    import dataclasses
+
+    ctx, _, _ = two_nodes
+    there = dataclasses.replace(ctx, cpus=3)
+    backend = BackendConfig(start_timeout_s=120, service_idle_exit_s=60)
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1", threads=5),
+                          provide=lambda spec: serve_on("node-b", there, backend, spec), start_timeout_s=60)
+    try:
+        assert engine.health()["threads"]["torch"] == 3
+    finally:
+        engine.close()
