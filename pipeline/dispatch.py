@@ -39,7 +39,7 @@ from prefect.states import State
 
 from mars2.backends.engine import STARTS_FILE, EngineClient, EngineError, EngineSpec, node_name
 from mars2.backends.base import visible_devices
-from mars2.config import AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
+from mars2.config import OWNER_STAGES, AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
 from pipeline.stage import StageContext, StageRecord
 from tasks.advantage import compute_advantages
@@ -60,7 +60,6 @@ ALL = {f.__name__: f for f in (prepare_dataset, init_agents, bootstrap_agents, i
 STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are named after their pool
 DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
 SERVE_ENGINE = "serve_engine"  # not a stage: the `stage` flow's request to start an agent's engine on its node
-PER_OWNER = ("update_policy",)  # stages of one owner: on its node's pool when the run spans nodes
 
 
 def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNamespace:
@@ -151,7 +150,7 @@ class PoolStage:
 
     def pool_for(self, arguments: dict[str, Any]) -> str:
         """The stage's pool; an owner's stage of a run on several nodes: its node's."""
-        if self.name in PER_OWNER:
+        if self.task.name in OWNER_STAGES:
             return arguments["ctx"].engine_pools.get(arguments["member"].owner, self.pool)
         return self.pool
 

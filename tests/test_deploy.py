@@ -236,7 +236,7 @@ def test_a_run_on_several_nodes_sends_each_owners_update_to_its_nodes_pool():
     """orchestration.node_pools: the owners' nodes become StageContext.engine_pools, which route each update (a role
     sharing weights is updated with its owner) while the other stages keep their pools; deploy registers a stage
     deployment for every node's pool."""
-    from pipeline.dispatch import PoolStage, owner_pools
+    from pipeline.dispatch import ALL, PoolStage, owner_pools
     from flows.deploy import stage_pools
 
     run = compose_run(["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents.members.1.node=1"],
@@ -245,10 +245,10 @@ def test_a_run_on_several_nodes_sends_each_owners_update_to_its_nodes_pool():
     assert pools == {"qwen_tiny": "n0", "llama_tiny": "n1"}
     assert owner_pools(compose_run(["orchestration=pools"], cuda_available=False).orchestration, run.agents.owners) == {}
     ctx = StageContext(root="/r", engine_pools=pools)
-    update = PoolStage("update_policy", None, "gpu", None, None, [])
+    update = PoolStage("update_policy", ALL["update_policy"], "gpu", None, None, [])
     assert [update.pool_for({"ctx": ctx, "member": m}) for m in run.agents.members] == ["n0", "n1"]
     assert update.pool_for({"ctx": StageContext(root="/r"), "member": run.agents.members[1]}) == "gpu"
-    assert PoolStage("rollout", None, "gpu", None, None, []).pool_for({"ctx": ctx}) == "gpu"
+    assert PoolStage("rollout", ALL["rollout"], "gpu", None, None, []).pool_for({"ctx": ctx}) == "gpu"
     assert {"n0", "n1", "gpu", "cpu"} <= set(stage_pools(["orchestration.node_pools=[n0,n1]"]))
 
 
