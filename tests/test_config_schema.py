@@ -102,8 +102,9 @@ def test_no_conf_group_file_repeats_a_dataclass_default(path):
     assert repeats_in(path) == [], f"{path.relative_to(CONF_DIR)} repeats dataclass defaults; delete those lines"
 
 
-def test_the_roster_repeats_no_default():
-    roster = yaml.safe_load((CONF_DIR / "roster" / "tiny_warm.yaml").read_text())
+@pytest.mark.parametrize("path", sorted((CONF_DIR / "roster").glob("*.yaml")), ids=lambda p: p.name)
+def test_no_roster_repeats_a_default(path):
+    roster = yaml.safe_load(path.read_text())
     found = [r for name, block in roster["agents"].items() for r in repeated_defaults(block, AgentConfig, name)]
     found += repeated_defaults(roster["settings"], RunConfig, "settings")
     assert found == []

@@ -66,15 +66,16 @@ def test_attempts_hold_every_fresh_program_and_one_refine_per_refiner_and_failed
     problems, runners, attempts, _, seen = team
     assert list(attempts.columns) == list(ATTEMPT_COLUMNS)
     fresh, refines = attempts[attempts["kind"] == "fresh"], attempts[attempts["kind"] == "refine"]
-    assert len(fresh) == 3 * 2 * len(problems)
-    # parents: fixer's first 2 of 3 failures, copier's 2 failures, per problem; each refined by both agents
+    assert len(fresh) == len(attempts[attempts["kind"] == "pool"]) == 3 * 2 * len(problems)
+    # parents, from the pool only: fixer's first 2 of 3 failures, copier's 2 failures, per problem; each refined by
+    # both agents
     assert len(refines) == len(problems) * (2 + 2) * 2
     for pid, rows in attempts.groupby("problem_id", sort=False):
         assert rows["node_id"].tolist() == list(range(len(rows)))
         by_node = rows.set_index("node_id")
         for r in rows[rows["kind"] == "refine"].itertuples():
             parent = by_node.loc[r.parent]
-            assert parent["kind"] == "fresh" and parent["agent"] == r.author and parent["score"] < 1
+            assert parent["kind"] == "pool" and parent["agent"] == r.author and parent["score"] < 1
     assert attempts["problem_id"].drop_duplicates().tolist() == [p.id for p in problems]
     assert seen[-1] == (len(attempts), len(attempts))
     seeds = runners["fixer"].backend.seeds

@@ -40,7 +40,7 @@ def test_study_config_composes_and_checks_equal_budgets():
 def test_a_study_whose_gate_does_not_pass_refuses_to_start_its_arms(tmp_path, run_flow_cli):
     """The random tiny team's refines never pass: the study stops after the gate, says why and how to go on, and
     trains nothing; the gate's run is nested under the study's."""
-    arm = ["agents=tiny_cpu", "gate.max_problems=3", "gate.n_fresh=2", "gate.n_parents=1", "gate.n_boot=200"]
+    arm = ["agents=tiny_cpu", "gate.max_problems=3", "gate.n_fresh=2", "gate.n_pool=2", "gate.n_parents=1", "gate.n_boot=200"]
     r = run_flow_cli("study.py", "study=smoke", "study.gate_arm=heterogeneous",
                      "study.arms.heterogeneous=[" + ",".join(f"'{o}'" for o in arm) + "]")
     assert r.returncode != 0

@@ -20,6 +20,8 @@ from typing import Any
 
 from mars2.data.deepcoder import load_deepcoder
 from mars2.data.files import data_files, read_rows
+from mars2.data.known_answer import (known_answer_benchmark, known_answer_reference_solutions,
+                                      known_answer_wrong_readings)
 from mars2.data.humaneval import humaneval_file, humaneval_reference_solutions, load_humaneval
 from mars2.data.lcb import load_problems, read_jsonl_rows
 from mars2.data.schema import Problem
@@ -43,7 +45,10 @@ __all__ = [
     "summary_metrics",
 ]
 
-SOURCES = ("toy", "lcb", "deepcoder", "humaneval")
+SOURCES = ("toy", "known_answer", "lcb", "deepcoder", "humaneval")
+#: The generated sources: problems and reference solutions come from ``(n_problems, seed)``, no file.
+GENERATED = {"toy": (toy_benchmark, toy_reference_solutions),
+             "known_answer": (known_answer_benchmark, known_answer_reference_solutions)}
 #: Old names still accepted for ``data.source``.
 SOURCE_ALIASES = {"lcb_jsonl": "lcb"}
 SPLITS = ("hash", "date", "ids", "source")
@@ -62,6 +67,8 @@ class Dataset:
     rejected: list[dict[str, Any]]
     summary: dict[str, Any]
     reference_solutions: dict[str, str] | None = None
+    wrong_readings: dict[str, list[str]] | None = None
+    """data=known_answer: per problem, the programs of its other readings (right algorithm, wrong detail)."""
     dropped: dict[str, int] = field(default_factory=dict)
 
 
@@ -74,7 +81,7 @@ def canonical_source(name: str) -> str:
 
 def _source_files(data: Any) -> list[Path]:
     source = canonical_source(data.source)
-    if source == "toy":
+    if source in GENERATED:
         return []
     if source == "humaneval":
         return [Path(data.path) if data.path else humaneval_file()]
@@ -109,9 +116,10 @@ def input_files(data: Any) -> list[Path]:
 def _load(data: Any) -> tuple[list[Problem], list[dict[str, Any]], dict[str, str] | None, list[Path]]:
     source = canonical_source(data.source)
     files = _source_files(data)
-    if source == "toy":
-        problems, rejected = load_problems(toy_benchmark(data.n_problems, data.seed), source="toy")
-        return problems, rejected, toy_reference_solutions(data.n_problems, data.seed), files
+    if source in GENERATED:
+        rows_of, references_of = GENERATED[source]
+        problems, rejected = load_problems(rows_of(data.n_problems, data.seed), source=source)
+        return problems, rejected, references_of(data.n_problems, data.seed), files
     if source == "humaneval":
         problems, rejected = load_humaneval(files[0])
         return problems, rejected, humaneval_reference_solutions(read_jsonl_rows(files[0])), files
@@ -208,11 +216,14 @@ def build_dataset(data: Any) -> Dataset:
     summary["split"] = {"kind": data.split, "eval_fraction": data.eval_fraction if data.split == "hash" else None,
                         "split_date": data.split_date if data.split == "date" else None,
                         "eval_ids_missing": missing, "train_duplicates_of_eval": duplicates}
+    kept = {p.id for p in problems}
     if refs is not None:
-        kept = {p.id for p in problems}
         refs = {k: v for k, v in refs.items() if k in kept}
+    wrong = None
+    if canonical_source(data.source) == "known_answer":
+        wrong = {k: v for k, v in known_answer_wrong_readings(data.n_problems, data.seed).items() if k in kept}
     return Dataset(train=train, eval=held_out, rejected=rejected, summary=summary, reference_solutions=refs,
-                   dropped=dropped)
+                   wrong_readings=wrong, dropped=dropped)
 
 
 def content_hash(problems: Sequence[Problem]) -> str:

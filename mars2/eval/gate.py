@@ -3,11 +3,17 @@
 A tree's refine node is only worth its sample when refining beats writing afresh; otherwise the search is worse than
 i.i.d. sampling and no multi-agent study can show cross-agent error correction. For a team and a problem set:
 
-* **fresh**: ``n_fresh`` programs per (problem, agent) from the generate prompt, scored on the public tests;
-* **parents**: per (problem, author), the first ``n_parents`` of the author's fresh programs that fail a public test
+* **fresh**: ``n_fresh`` programs per (problem, agent) from the generate prompt: each agent's baseline;
+* **pool**: ``n_pool`` more programs per (problem, agent), drawn on a seed of their own, that only supply parents;
+* **parents**: per (problem, author), the first ``n_parents`` of the author's pool programs that fail a public test
   (what a tree would refine: the search sees public tests only);
 * **refines**: every agent A refines every parent of every author B once, from the tree's refine prompt (statement,
   the parent's code, its public result; with ``detailed_feedback`` the failing input, expected and actual output).
+
+The baseline never supplies a parent. Were the parents drawn from the baseline's own programs, a problem would enter
+the gate only when the baseline failed on it and a self-refiner's own failure would sit in its baseline: under a null
+where refining is exactly as good as a fresh sample, Δ would come out biased and the gate would pass falsely several
+times its nominal rate (tests/test_gate_calibration.py simulates both).
 
 Success is the reward r ∈ {0, 1} (all hidden tests pass), graded after generation. A refine attempt j by agent A on
 problem p is matched with A's fresh success rate on p, f_A(p) = mean_i r(fresh_{A,p,i}). For a set J of attempts
@@ -41,34 +47,42 @@ ATTEMPT_COLUMNS = ("problem_id", "node_id", "kind", "agent", "author", "parent",
 
 
 def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], *, n_fresh: int, n_parents: int,
-                  sampling: SamplingParams, grade: GradeFn, detailed_feedback: bool = False,
+                  sampling: SamplingParams, grade: GradeFn, n_pool: int | None = None, detailed_feedback: bool = False,
                   progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Every fresh program and every refine attempt, one row each (:data:`ATTEMPT_COLUMNS`), scored on the public
-    tests. ``node_id`` numbers a problem's rows, fresh ones first; ``kind`` is ``fresh`` or ``refine``; a refine row's
-    ``author`` and ``parent`` name the fresh row it refines (its agent and ``node_id``); fresh rows have ``author`` =
-    ``agent`` and ``parent`` = −1. ``progress`` is told ``(programs generated, programs in all)``: the total grows once
-    the parents are known."""
-    if n_fresh < 1 or n_parents < 1:
-        raise ValueError(f"the gate needs n_fresh >= 1 and n_parents >= 1, got {n_fresh} and {n_parents}")
+    """Every baseline program, every pool program and every refine attempt, one row each (:data:`ATTEMPT_COLUMNS`),
+    scored on the public tests. ``node_id`` numbers a problem's rows: fresh ones, then pool ones, then refines;
+    ``kind`` is ``fresh``, ``pool`` or ``refine``; a refine row's ``author`` and ``parent`` name the pool row it refines
+    (its agent and ``node_id``); other rows have ``author`` = ``agent`` and ``parent`` = −1. ``n_pool`` defaults to
+    ``n_fresh``. Fresh programs draw on ``sampling.seed``, refines on seed + 1, the pool on seed + 2. ``progress`` is
+    told ``(programs generated, programs in all)``: the total grows once the parents are known."""
+    n_pool = n_fresh if n_pool is None else n_pool
+    if n_fresh < 1 or n_parents < 1 or n_pool < 1:
+        raise ValueError(f"the gate needs n_fresh, n_pool and n_parents >= 1, got {n_fresh}, {n_pool} and {n_parents}")
     by_id = {p.id: p for p in problems}
-    fresh_total = n_fresh * len(problems) * len(runners)
-    fresh = pd.DataFrame(run_independent_sampling(
-        problems, runners, n_samples=n_fresh, sampling=sampling, grade=grade,
-        progress=None if progress is None else (lambda done, _t: progress(done, fresh_total))))
-    failed = fresh[fresh["score"] < 1.0].groupby(["problem_id", "agent"], sort=False).head(n_parents)
+    sampled_total = (n_fresh + n_pool) * len(problems) * len(runners)
+
+    def sample(n: int, seed: int, before: int):
+        return pd.DataFrame(run_independent_sampling(
+            problems, runners, n_samples=n, sampling=dataclasses.replace(sampling, seed=seed), grade=grade,
+            progress=None if progress is None else (lambda done, _t: progress(before + done, sampled_total))))
+
+    fresh = sample(n_fresh, sampling.seed, 0)
+    pool = sample(n_pool, sampling.seed + 2, n_fresh * len(problems) * len(runners))
+    pool["node_id"] += n_fresh * len(runners)
+    failed = pool[pool["score"] < 1.0].groupby(["problem_id", "agent"], sort=False).head(n_parents)
     parents = list(failed.itertuples(index=False))
-    total = fresh_total + len(parents) * len(runners)
-    refine_seed = sampling.seed + 1  # refines draw from other seeds than the fresh samples they are compared with
-    params = dataclasses.replace(sampling, n=1, seed=refine_seed)
+    total = sampled_total + len(parents) * len(runners)
+    params = dataclasses.replace(sampling, n=1, seed=sampling.seed + 1)
     refines: list[dict[str, Any]] = []
     for k, (name, runner) in enumerate(runners.items()):
         refines += refine_parents(name, runner, parents, by_id, params, grade, detailed_feedback)
         if progress is not None:
-            progress(fresh_total + (k + 1) * len(parents), total)
+            progress(sampled_total + (k + 1) * len(parents), total)
     refine_rows = pd.DataFrame(refines, columns=[c for c in ATTEMPT_COLUMNS if c != "node_id"])
-    refine_rows["node_id"] = n_fresh * len(runners) + refine_rows.groupby("problem_id").cumcount()
-    fresh_rows = fresh.assign(kind="fresh", author=fresh["agent"], parent=-1)
-    table = pd.concat([fresh_rows[list(ATTEMPT_COLUMNS)], refine_rows[list(ATTEMPT_COLUMNS)]], ignore_index=True)
+    refine_rows["node_id"] = (n_fresh + n_pool) * len(runners) + refine_rows.groupby("problem_id").cumcount()
+    sampled = [rows.assign(kind=kind, author=rows["agent"], parent=-1)[list(ATTEMPT_COLUMNS)]
+               for kind, rows in (("fresh", fresh), ("pool", pool))]
+    table = pd.concat([*sampled, refine_rows[list(ATTEMPT_COLUMNS)]], ignore_index=True)
     order = {p.id: i for i, p in enumerate(problems)}
     return table.sort_values(["problem_id", "node_id"], key=lambda c: c.map(order) if c.name == "problem_id" else c,
                              kind="stable").reset_index(drop=True)
@@ -146,7 +160,7 @@ def gate_metrics(table: pd.DataFrame) -> dict[str, float]:
 def refine_outcomes(attempts: pd.DataFrame) -> pd.DataFrame:
     """What refines did to their parents, per refiner–author pair: attempts, the share that compile (not ``CE``/
     ``NO_CODE``), that repeat the parent's code verbatim, and that pass every hidden test."""
-    fresh = attempts[attempts["kind"] == "fresh"]
+    fresh = attempts[attempts["kind"] != "refine"]
     parent_code = {(p, n): c for p, n, c in zip(fresh["problem_id"], fresh["node_id"], fresh["code"])}
     refines = attempts[attempts["kind"] == "refine"].copy()
     refines["copied"] = [parent_code.get((p, n)) == c and isinstance(c, str)

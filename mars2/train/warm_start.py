@@ -153,6 +153,16 @@ def faulty_attempts(problems: Sequence[Problem], references: Mapping[str, str], 
     return out, sum(v.status == "AC" for v in verdicts)
 
 
+def wrong_reading_attempts(problems: Sequence[Problem], wrong: Mapping[str, Sequence[str]],
+                           grade: Callable[[list[tuple[str, Sequence[Any], str | None]]], list[Any]]
+                           ) -> list[tuple[Problem, str, Any]]:
+    """Per problem, each program of ``wrong[problem.id]`` (another reading of its statement) that fails a public test,
+    with its verdict (``grade``: the search's public-test grader, run in the sandbox), in problem order."""
+    candidates = [(p, code) for p in problems for code in wrong.get(p.id, ())]
+    verdicts = grade([(code, p.public_tests, p.func_name) for p, code in candidates])
+    return [(p, code, v) for (p, code), v in zip(candidates, verdicts, strict=True) if v.status != "AC"]
+
+
 def own_failures(problems: Sequence[Problem], backend, prompt_of: Callable[[Problem], str], *, n: int,
                  temperature: float, max_new_tokens: int, seed: int,
                  grade: Callable[[list[tuple[str | None, Sequence[Any], str | None]]], list[Any]]
