@@ -492,7 +492,7 @@ class PathsConfig:
 class StudyClaim:
     """A claim "arm ``better`` scores above arm ``worse`` on ``metric``" (pass_at_1 of the study's agent,
     pass_at_1/<agent> of that agent, pass_at_1_mcts or pass_at_n of the team tree), tested with a paired bootstrap
-    over problems and seeds."""
+    over problems and seeds; the pre-registered claims of a study form one Holm family."""
 
     name: str = ""
     """the claim's row in claims.csv."""
@@ -502,6 +502,8 @@ class StudyClaim:
     """the arm claimed to score above."""
     worse: str = ""
     """the arm claimed to score below."""
+    exploratory: bool = False
+    """true: not pre-registered; reported with its unadjusted p, outside the Holm family of the other claims."""
 
 
 @dataclass

@@ -109,6 +109,15 @@ def test_per_problem_scores_and_claims_from_evaluation_results(tmp_path):
     assert (claims["problems"] == 79).all()  # p0 is missing in one seed of b: left out of every claim on b
     assert 0.05 < claims.loc[0, "delta"] < 0.1 and claims.loc[0, "low"] <= claims.loc[0, "delta"] <= claims.loc[0, "high"]
     assert "**holds**" in claims_markdown(claims)
+    # one Holm family of three: the two decided claims keep their verdicts, the tie stays inconclusive
+    assert claims["verdict_holm"].tolist() == claims["verdict"].tolist() and (claims["family"] == "pre-registered").all()
+    assert (claims["p_holm"] >= claims["p_value"]).all()
+    probe = claim_intervals(pd.DataFrame(rows), [StudyClaim("lift", "pass_at_1", "a", "b"),
+                                                 StudyClaim("tie", "pass_at_1_mcts", "a", "b", exploratory=True)],
+                            n_boot=500)
+    assert np.isnan(probe.loc[1, "p_holm"]) and "unadjusted (exploratory)" in claims_markdown(probe)
+    by_seed = claim_intervals(pd.DataFrame(rows), [StudyClaim("lift", "pass_at_1", "a", "b")], seeds_as_units=True)
+    assert by_seed.loc[0, "seeds_better"] == 3 and by_seed.loc[0, "low"] <= by_seed.loc[0, "delta"]
     with pytest.raises(ValueError, match="no per-problem pass_at_n"):
         claim_intervals(pd.DataFrame(rows), [StudyClaim("n", "pass_at_n", "a", "b")])
     with pytest.raises(ValueError, match="no per-problem pass_at_1/llama"):

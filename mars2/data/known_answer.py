@@ -12,8 +12,10 @@ statement, each with its own answer function and reference program; a problem dr
   and with T+ detail the failing input, the expected and the actual output.
 * The hidden tests hold at least two pinning tests, so a wrong reading also fails the reward.
 
-A failed program with the right algorithm and the wrong reading therefore carries what a fresh sample lacks: with
-two readings its failure names the other one, with three the expected output does. This benchmark favours
+A program states the detail as one named constant on its first line (``INCLUSIVE = True``, ``IF_NONE = -1``, ...), so
+the readings' programs differ in that constant alone. A failed program with the right algorithm and the wrong
+reading therefore carries what a fresh sample lacks: with two readings its failure names the other one, with three
+the expected output does; and the repair is the same small edit on every template, which a tiny model can learn. This benchmark favours
 refinement **by construction**; it validates the loop (a correct MARS² loop must show refine > fresh there), it is
 not evidence about real models (docs/data.md).
 
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from mars2.data.toy import (_FIRST_CONTEST, _DAYS_BETWEEN_CONTESTS, _PROBLEMS_PER_CONTEST, _STDIN_LIST_FORMAT, _code,
-                            _ints, _line, _list_in, _method)
+from mars2.data.toy import (_FIRST_CONTEST, _DAYS_BETWEEN_CONTESTS, _PROBLEMS_PER_CONTEST, _STDIN_LIST_FORMAT, _ints,
+                            _line, _list_in, _method)
 
 __all__ = ["KNOWN_ANSWER_TEMPLATES", "Reading", "known_answer_benchmark", "known_answer_readings",
            "known_answer_reference_solutions", "known_answer_wrong_readings"]
@@ -101,7 +103,13 @@ def _template(name: str):
 
 
 def _stdin_program(*body: str) -> str:
-    return _code("n = int(input())\na = list(map(int, input().split()))\n" + "\n".join(body))
+    return "n = int(input())\na = list(map(int, input().split()))\n" + "\n".join(body) + "\n"
+
+
+def _readings(flag: str, values: list[tuple[str, str, Callable[..., Any]]], program: str) -> tuple[Reading, ...]:
+    """One reading per ``(name, literal, solve)``: the program is ``program`` (a complete, dedented text) under the
+    line ``<flag> = <literal>``, so the readings differ in that one constant."""
+    return tuple(Reading(name, solve, f"{flag} = {literal}\n" + program) for name, literal, solve in values)
 
 
 def _first_max(a: list[int]) -> int:
@@ -136,206 +144,202 @@ def _letters(r: random.Random, alphabet: str) -> str:
     return "".join(r.choice(alphabet) for _ in range(r.randint(3, 10)))
 
 
+def _bounds(r: random.Random) -> tuple:
+    lo = r.randint(1, 10)
+    return _small_list(r, 20), lo, r.randint(lo + 2, 20)
+
+
+def _with_x(r: random.Random) -> tuple:
+    a = _small_list(r, 5)
+    return a, r.choice(a)
+
+
+def _with_k(r: random.Random) -> tuple:
+    a = _small_list(r, 6)
+    return a, r.randint(1, len(set(a)))
+
+
+def _mostly_sorted(r: random.Random) -> tuple:
+    return (sorted(_small_list(r, 6)) if r.random() < 0.7 else _small_list(r, 6),)
+
+
+def _two_values(r: random.Random) -> tuple:
+    a = _small_list(r, 5)
+    return (a if len(set(a)) > 1 else a + [a[0] % 5 + 1],)
+
+
+def _share(r: random.Random) -> tuple:
+    b = r.randint(2, 9)
+    return r.randint(1, 9) * b + (0 if r.random() < 0.5 else r.randint(1, b - 1)), b
+
+
+def _pairs(a: list[int], t: int, same: bool) -> int:
+    return sum(a[i] + a[j] == t for i in range(len(a)) for j in range(i if same else i + 1, len(a)))
+
+
+def _binary(yes: Callable[..., Any], no: Callable[..., Any], names: tuple[str, str]) -> list:
+    """Two readings of a boolean detail: ``names[0]`` answers with ``yes`` (the flag True), ``names[1]`` with ``no``."""
+    return [(names[0], "True", yes), (names[1], "False", no)]
+
+
 # --------------------------------------------------------------------------------------------------
 # stdin templates
 
 
+def _stdin(title: str, difficulty: str, detail: str, description: str, output_format: str, constraints: str,
+           readings: tuple[Reading, ...], gen: Callable[[random.Random], tuple],
+           input_format: str = _STDIN_LIST_FORMAT, render_input: Callable[..., str] = _list_in) -> _Ambiguous:
+    return _Ambiguous(title=title, difficulty=difficulty, detail=detail, description=description,
+                      input_format=input_format, output_format=output_format, constraints=constraints,
+                      readings=readings, gen=gen, render_input=render_input)
+
+
+def _n_and() -> Callable[..., str]:
+    """Input rendering: ``n`` and the scalar arguments on the first line, the list on the second."""
+    return lambda a, *rest: f"{len(a)} {' '.join(map(str, rest))}\n{' '.join(map(str, a))}\n"
+
+
 @_template("range_count")
 def _range_count(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        lo = r.randint(1, 10)
-        return _small_list(r, 20), lo, r.randint(lo + 2, 20)
-
-    return _Ambiguous(
-        title="Numbers Between", difficulty="easy", detail="whether the bounds L and R count as between",
-        description="You are given n integers and two integers L and R. Print how many of the integers lie between "
-                    "L and R.",
-        input_format="The first line contains n, L and R. The second line contains n integers a_1, ..., a_n.",
-        output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= L < R <= 20\n1 <= a_i <= 20",
-        readings=(
-            Reading("inclusive", lambda a, lo, hi: sum(lo <= x <= hi for x in a), _code("""
-                n, l, r = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(sum(l <= x <= r for x in a))
-                """)),
-            Reading("exclusive", lambda a, lo, hi: sum(lo < x < hi for x in a), _code("""
-                n, l, r = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(sum(l < x < r for x in a))
-                """)),
-        ),
-        gen=gen, render_input=lambda a, lo, hi: f"{len(a)} {lo} {hi}\n{' '.join(map(str, a))}\n")
+    return _stdin(
+        "Numbers Between", "easy", "whether the bounds L and R count as between",
+        "You are given n integers and two integers L and R. Print how many of the integers lie between L and R.",
+        "Print one integer.", "1 <= n <= 10\n1 <= L < R <= 20\n1 <= a_i <= 20",
+        _readings("INCLUSIVE", _binary(lambda a, lo, hi: sum(lo <= x <= hi for x in a),
+                                       lambda a, lo, hi: sum(lo < x < hi for x in a), ("inclusive", "exclusive")),
+                  "n, l, r = map(int, input().split())\na = list(map(int, input().split()))\n"
+                  "print(sum(l <= x <= r if INCLUSIVE else l < x < r for x in a))\n"),
+        _bounds, "The first line contains n, L and R. The second line contains n integers a_1, ..., a_n.",
+        _n_and())
 
 
 @_template("max_position")
 def _max_position(rng: random.Random) -> _Ambiguous:
-    return _Ambiguous(
-        title="Where Is the Largest", difficulty="easy", detail="which position counts when the largest value repeats",
-        description="You are given n integers. Print the position of the largest of them (positions start at 1).",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 9",
-        readings=(Reading("first", lambda a: _first_max(a) + 1, _stdin_program("print(a.index(max(a)) + 1)")),
-                  Reading("last", lambda a: _last_max(a) + 1, _stdin_program("print(n - a[::-1].index(max(a)))"))),
-        gen=lambda r: (_small_list(r, 5),), render_input=_list_in)
+    return _stdin(
+        "Where Is the Largest", "easy", "which position counts when the largest value repeats",
+        "You are given n integers. Print the position of the largest of them (positions start at 1).",
+        "Print one integer.", "1 <= n <= 10\n1 <= a_i <= 9",
+        _readings("FIRST", _binary(lambda a: _first_max(a) + 1, lambda a: _last_max(a) + 1,
+                                   ("first", "last")),
+                  _stdin_program("print(a.index(max(a)) + 1 if FIRST else n - a[::-1].index(max(a)))")),
+        lambda r: (_small_list(r, 5),))
 
 
 @_template("smallest_even")
 def _smallest_even(rng: random.Random) -> _Ambiguous:
-    def reading(name: str, none: Any, shown: str) -> Reading:
-        return Reading(name, lambda a: min([x for x in a if x % 2 == 0], default=none),
-                       _stdin_program("e = [x for x in a if x % 2 == 0]", f"print(min(e) if e else {shown})"))
-
-    return _Ambiguous(
-        title="Smallest Even Number", difficulty="easy", detail="what to print when no number is even",
-        description="You are given n integers. Print the smallest even number among them.",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print the answer.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 30",
-        readings=(reading("minus_one", -1, "-1"), reading("zero", 0, "0"), reading("none", "NONE", '"NONE"')),
-        gen=lambda r: (_ints(r, r.randint(1, 5), 1, 30),), render_input=_list_in)
+    values = [(name, literal, lambda a, none=none: min([x for x in a if x % 2 == 0], default=none))
+              for name, literal, none in (("minus_one", "-1", -1), ("zero", "0", 0), ("none", '"NONE"', "NONE"))]
+    return _stdin(
+        "Smallest Even Number", "easy", "what to print when no number is even",
+        "You are given n integers. Print the smallest even number among them.", "Print the answer.",
+        "1 <= n <= 10\n1 <= a_i <= 30",
+        _readings("IF_NONE", values, _stdin_program("e = [x for x in a if x % 2 == 0]",
+                                                    "print(min(e) if e else IF_NONE)")),
+        lambda r: (_ints(r, r.randint(1, 5), 1, 30),))
 
 
 @_template("distinct_values")
 def _distinct_values(rng: random.Random) -> _Ambiguous:
-    return _Ambiguous(
-        title="Distinct Values", difficulty="easy", detail="the order of the values printed",
-        description="You are given n integers. Print each distinct value once, separated by spaces.",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print the distinct values on one line.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 9",
-        readings=(Reading("sorted", lambda a: sorted(set(a)), _stdin_program("print(*sorted(set(a)))")),
-                  Reading("first_seen", lambda a: list(dict.fromkeys(a)), _stdin_program("print(*dict.fromkeys(a))"))),
-        gen=lambda r: (_small_list(r, 9),), render_input=_list_in)
+    return _stdin(
+        "Distinct Values", "easy", "the order of the values printed",
+        "You are given n integers. Print each distinct value once, separated by spaces.",
+        "Print the distinct values on one line.", "1 <= n <= 10\n1 <= a_i <= 9",
+        _readings("SORTED", _binary(lambda a: sorted(set(a)), lambda a: list(dict.fromkeys(a)),
+                                    ("sorted", "first_seen")),
+                  _stdin_program("print(*(sorted(set(a)) if SORTED else dict.fromkeys(a)))")),
+        lambda r: (_small_list(r, 9),))
 
 
 @_template("average")
 def _average(rng: random.Random) -> _Ambiguous:
-    return _Ambiguous(
-        title="Integer Average", difficulty="easy", detail="how the average is rounded to an integer",
-        description="You are given n positive integers. Print their average as an integer.",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 100",
-        readings=(Reading("floor", lambda a: sum(a) // len(a), _stdin_program("print(sum(a) // n)")),
-                  Reading("ceil", lambda a: -(-sum(a) // len(a)), _stdin_program("print(-(-sum(a) // n))"))),
-        gen=lambda r: (_ints(r, r.randint(1, 5), 1, 100),), render_input=_list_in)
+    return _stdin(
+        "Integer Average", "easy", "how the average is rounded to an integer",
+        "You are given n positive integers. Print their average as an integer.", "Print one integer.",
+        "1 <= n <= 10\n1 <= a_i <= 100",
+        _readings("ROUND_UP", _binary(lambda a: -(-sum(a) // len(a)), lambda a: sum(a) // len(a),
+                                      ("ceil", "floor")),
+                  _stdin_program("print(-(-sum(a) // n) if ROUND_UP else sum(a) // n)")),
+        lambda r: (_ints(r, r.randint(1, 5), 1, 100),))
 
 
 @_template("count_letter")
 def _count_letter(rng: random.Random) -> _Ambiguous:
     c = rng.choice("abcdefg")
     alphabet = c + c.upper() + "".join(rng.sample([x for x in "hijklmn"], 2))
-    return _Ambiguous(
-        title=f"Count the Letter {c}", difficulty="easy", detail=f"whether an upper-case {c.upper()} counts",
-        description=f"You are given a string S of English letters. Print how many times the letter {c} occurs in S.",
-        input_format="The input is one line containing the string S.", output_format="Print one integer.",
-        constraints="1 <= |S| <= 10",
-        readings=(Reading("case_sensitive", lambda s: s.count(c), _code(f'print(input().count("{c}"))')),
-                  Reading("case_insensitive", lambda s: s.lower().count(c),
-                          _code(f'print(input().lower().count("{c}"))'))),
-        gen=lambda r: (_letters(r, alphabet),), render_input=_line)
+    return _stdin(
+        f"Count the Letter {c}", "easy", f"whether an upper-case {c.upper()} counts",
+        f"You are given a string S of English letters. Print how many times the letter {c} occurs in S.",
+        "Print one integer.", "1 <= |S| <= 10",
+        _readings("IGNORE_CASE", _binary(lambda s: s.lower().count(c), lambda s: s.count(c),
+                                         ("case_insensitive", "case_sensitive")),
+                  f"s = input()\nprint((s.lower() if IGNORE_CASE else s).count(\"{c}\"))\n"),
+        lambda r: (_letters(r, alphabet),), "The input is one line containing the string S.", _line)
 
 
 @_template("longest_run")
 def _longest_run(rng: random.Random) -> _Ambiguous:
-    def reading(name: str, strict: bool) -> Reading:
-        op = ">" if strict else ">="
-        return Reading(name, lambda a: _runs(a, strict), _stdin_program(
-            "best = cur = 1", "for i in range(1, n):", f"    cur = cur + 1 if a[i] {op} a[i - 1] else 1",
-            "    best = max(best, cur)", "print(best)"))
-
-    return _Ambiguous(
-        title="Longest Increasing Run", difficulty="medium", detail="whether equal neighbours continue a run",
-        description="You are given n integers. Print the length of the longest contiguous increasing run.",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 9",
-        readings=(reading("strict", True), reading("non_strict", False)),
-        gen=lambda r: (_small_list(r, 5),), render_input=_list_in)
+    return _stdin(
+        "Longest Increasing Run", "medium", "whether equal neighbours continue a run",
+        "You are given n integers. Print the length of the longest contiguous increasing run.", "Print one integer.",
+        "1 <= n <= 10\n1 <= a_i <= 9",
+        _readings("STRICT", _binary(lambda a: _runs(a, True), lambda a: _runs(a, False),
+                                    ("strict", "non_strict")),
+                  _stdin_program("best = cur = 1", "for i in range(1, n):",
+                                 "    up = a[i] > a[i - 1] if STRICT else a[i] >= a[i - 1]",
+                                 "    cur = cur + 1 if up else 1", "    best = max(best, cur)", "print(best)")),
+        lambda r: (_small_list(r, 5),))
 
 
 @_template("is_sorted")
 def _is_sorted(rng: random.Random) -> _Ambiguous:
-    def reading(name: str, op: str) -> Reading:
-        holds = operator.lt if op == "<" else operator.le
-        return Reading(name, lambda a: "Yes" if all(holds(x, y) for x, y in zip(a, a[1:])) else "No",
-                       _stdin_program(f'print("Yes" if all(a[i] {op} a[i + 1] for i in range(n - 1)) else "No")'))
+    def yes_no(holds: Callable[[int, int], bool]) -> Callable[[list[int]], str]:
+        return lambda a: "Yes" if all(holds(x, y) for x, y in zip(a, a[1:])) else "No"
 
-    return _Ambiguous(
-        title="Is It Increasing", difficulty="easy", detail="whether equal neighbours are allowed",
-        description="You are given n integers. Print Yes if they are in increasing order, otherwise print No.",
-        input_format=_STDIN_LIST_FORMAT, output_format="Print Yes or No.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 9",
-        readings=(reading("strict", "<"), reading("non_strict", "<=")),
-        gen=lambda r: (sorted(_small_list(r, 6)) if r.random() < 0.7 else _small_list(r, 6),), render_input=_list_in)
+    return _stdin(
+        "Is It Increasing", "easy", "whether equal neighbours are allowed",
+        "You are given n integers. Print Yes if they are in increasing order, otherwise print No.",
+        "Print Yes or No.", "1 <= n <= 10\n1 <= a_i <= 9",
+        _readings("STRICT", _binary(yes_no(operator.lt), yes_no(operator.le), ("strict", "non_strict")),
+                  _stdin_program("ok = all(a[i] < a[i + 1] if STRICT else a[i] <= a[i + 1] for i in range(n - 1))",
+                                 'print("Yes" if ok else "No")')),
+        _mostly_sorted)
 
 
 @_template("kth_smallest")
 def _kth_smallest(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        a = _small_list(r, 6)
-        return a, r.randint(1, len(set(a)))
-
-    return _Ambiguous(
-        title="K-th Smallest", difficulty="medium", detail="whether repeated values count once",
-        description="You are given n integers and an integer k. Print the k-th smallest value.",
-        input_format="The first line contains n and k. The second line contains n integers a_1, ..., a_n.",
-        output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= k <= the number of distinct values\n1 <= a_i <= 9",
-        readings=(
-            Reading("with_repeats", lambda a, k: sorted(a)[k - 1], _code("""
-                n, k = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(sorted(a)[k - 1])
-                """)),
-            Reading("distinct", lambda a, k: sorted(set(a))[k - 1], _code("""
-                n, k = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(sorted(set(a))[k - 1])
-                """)),
-        ),
-        gen=gen, render_input=lambda a, k: f"{len(a)} {k}\n{' '.join(map(str, a))}\n")
+    return _stdin(
+        "K-th Smallest", "medium", "whether repeated values count once",
+        "You are given n integers and an integer k. Print the k-th smallest value.", "Print one integer.",
+        "1 <= n <= 10\n1 <= k <= the number of distinct values\n1 <= a_i <= 9",
+        _readings("DISTINCT", _binary(lambda a, k: sorted(set(a))[k - 1], lambda a, k: sorted(a)[k - 1],
+                                      ("distinct", "with_repeats")),
+                  "n, k = map(int, input().split())\na = list(map(int, input().split()))\n"
+                  "print(sorted(set(a) if DISTINCT else a)[k - 1])\n"),
+        _with_k, "The first line contains n and k. The second line contains n integers a_1, ..., a_n.", _n_and())
 
 
 @_template("divide")
 def _divide(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        b = r.randint(2, 9)
-        return r.randint(1, 9) * b + (0 if r.random() < 0.5 else r.randint(1, b - 1)), b
-
-    return _Ambiguous(
-        title="Share the Sweets", difficulty="easy", detail="how a quotient that is not whole is rounded",
-        description="A sweets are shared among B children. Print how many sweets each child gets, as an integer.",
-        input_format="The input is one line with two integers A and B.", output_format="Print one integer.",
-        constraints="1 <= A <= 100\n2 <= B <= 9",
-        readings=(Reading("floor", lambda a, b: a // b, _code("a, b = map(int, input().split())\nprint(a // b)")),
-                  Reading("ceil", lambda a, b: -(-a // b), _code("a, b = map(int, input().split())\nprint(-(-a // b))"))),
-        gen=gen, render_input=lambda a, b: f"{a} {b}\n")
+    return _stdin(
+        "Share the Sweets", "easy", "how a quotient that is not whole is rounded",
+        "A sweets are shared among B children. Print how many sweets each child gets, as an integer.",
+        "Print one integer.", "1 <= A <= 100\n2 <= B <= 9",
+        _readings("ROUND_UP", _binary(lambda a, b: -(-a // b), lambda a, b: a // b, ("ceil", "floor")),
+                  "a, b = map(int, input().split())\nprint(-(-a // b) if ROUND_UP else a // b)\n"),
+        _share, "The input is one line with two integers A and B.", lambda a, b: f"{a} {b}\n")
 
 
 @_template("find_position")
 def _find_position(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        a = _small_list(r, 5)
-        return a, r.choice(a)
-
-    return _Ambiguous(
-        title="Find the Number", difficulty="easy", detail="which position counts when x occurs more than once",
-        description="You are given n integers and an integer x that occurs among them. Print the position of x "
-                    "(positions start at 1).",
-        input_format="The first line contains n and x. The second line contains n integers a_1, ..., a_n.",
-        output_format="Print one integer.",
-        constraints="1 <= n <= 10\n1 <= a_i <= 5",
-        readings=(
-            Reading("first", lambda a, x: a.index(x) + 1, _code("""
-                n, x = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(a.index(x) + 1)
-                """)),
-            Reading("last", lambda a, x: len(a) - a[::-1].index(x), _code("""
-                n, x = map(int, input().split())
-                a = list(map(int, input().split()))
-                print(n - a[::-1].index(x))
-                """)),
-        ),
-        gen=gen, render_input=lambda a, x: f"{len(a)} {x}\n{' '.join(map(str, a))}\n")
+    return _stdin(
+        "Find the Number", "easy", "which position counts when x occurs more than once",
+        "You are given n integers and an integer x that occurs among them. Print the position of x "
+        "(positions start at 1).", "Print one integer.", "1 <= n <= 10\n1 <= a_i <= 5",
+        _readings("FIRST", _binary(lambda a, x: a.index(x) + 1, lambda a, x: len(a) - a[::-1].index(x),
+                                   ("first", "last")),
+                  "n, x = map(int, input().split())\na = list(map(int, input().split()))\n"
+                  "print(a.index(x) + 1 if FIRST else n - a[::-1].index(x))\n"),
+        _with_x, "The first line contains n and x. The second line contains n integers a_1, ..., a_n.", _n_and())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,29 +347,26 @@ def _find_position(rng: random.Random) -> _Ambiguous:
 
 
 def _functional(title: str, difficulty: str, detail: str, description: str, constraints: str, func_name: str,
-                signature: str, arg_names: tuple[str, ...], gen: Callable[[random.Random], tuple],
-                readings: list[tuple[str, Callable[..., Any], str]], imports: str = "") -> _Ambiguous:
-    header = f"{func_name}(self, {signature}"
+                signature: str, arg_names: tuple[str, ...], gen: Callable[[random.Random], tuple], flag: str,
+                values: list[tuple[str, str, Callable[..., Any]]], body: str, imports: str = "") -> _Ambiguous:
+    """A functional template whose readings differ in the module constant ``flag`` (set above ``class Solution``)."""
+    method = _method(f"{func_name}(self, {signature}", body)
+    program = (imports.strip("\n") + "\n" if imports else "") + "\n" + method
     return _Ambiguous(title=title, difficulty=difficulty, detail=detail, description=description,
                       constraints=constraints, gen=gen, func_name=func_name, signature=signature,
-                      arg_names=arg_names,
-                      readings=tuple(Reading(name, solve, _method(header, body, imports))
-                                     for name, solve, body in readings))
+                      arg_names=arg_names, readings=_readings(flag, values, program))
 
 
 @_template("f_count_in_range")
 def _f_count_in_range(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        lo = r.randint(1, 10)
-        return _small_list(r, 20), lo, r.randint(lo + 2, 20)
-
     return _functional(
         "Count in Range", "easy", "whether lo and hi count as between",
         "You are given an integer array nums and two integers lo and hi. Return how many elements of nums lie "
         "between lo and hi.", "1 <= nums.length <= 10\n1 <= lo < hi <= 20\n1 <= nums[i] <= 20",
-        "countInRange", "nums: list[int], lo: int, hi: int) -> int", ("nums", "lo", "hi"), gen,
-        [("inclusive", lambda a, lo, hi: sum(lo <= x <= hi for x in a), "return sum(lo <= x <= hi for x in nums)"),
-         ("exclusive", lambda a, lo, hi: sum(lo < x < hi for x in a), "return sum(lo < x < hi for x in nums)")])
+        "countInRange", "nums: list[int], lo: int, hi: int) -> int", ("nums", "lo", "hi"), _bounds, "INCLUSIVE",
+        _binary(lambda a, lo, hi: sum(lo <= x <= hi for x in a),
+                lambda a, lo, hi: sum(lo < x < hi for x in a), ("inclusive", "exclusive")),
+        "return sum(lo <= x <= hi if INCLUSIVE else lo < x < hi for x in nums)")
 
 
 @_template("f_index_of_max")
@@ -374,9 +375,8 @@ def _f_index_of_max(rng: random.Random) -> _Ambiguous:
         "Index of the Maximum", "easy", "which index counts when the maximum repeats",
         "You are given an integer array nums. Return the index (0-based) of its largest element.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 9", "indexOfMax", "nums: list[int]) -> int", ("nums",),
-        lambda r: (_small_list(r, 5),),
-        [("first", _first_max, "return nums.index(max(nums))"),
-         ("last", _last_max, "return len(nums) - 1 - nums[::-1].index(max(nums))")])
+        lambda r: (_small_list(r, 5),), "FIRST", _binary(_first_max, _last_max, ("first", "last")),
+        "return nums.index(max(nums)) if FIRST else len(nums) - 1 - nums[::-1].index(max(nums))")
 
 
 @_template("f_smallest_even")
@@ -385,10 +385,10 @@ def _f_smallest_even(rng: random.Random) -> _Ambiguous:
         "Smallest Even Element", "easy", "what to return when no element is even",
         "You are given an integer array nums. Return its smallest even element.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 30", "smallestEven", "nums: list[int]) -> int", ("nums",),
-        lambda r: (_ints(r, r.randint(1, 5), 1, 30),),
-        [(name, lambda a, none=none: min([x for x in a if x % 2 == 0], default=none),
-          f"e = [x for x in nums if x % 2 == 0]\nreturn min(e) if e else {none}")
-         for name, none in (("minus_one", -1), ("zero", 0))])
+        lambda r: (_ints(r, r.randint(1, 5), 1, 30),), "IF_NONE",
+        [(name, str(none), lambda a, none=none: min([x for x in a if x % 2 == 0], default=none))
+         for name, none in (("minus_one", -1), ("zero", 0))],
+        "e = [x for x in nums if x % 2 == 0]\nreturn min(e) if e else IF_NONE")
 
 
 @_template("f_unique_values")
@@ -397,9 +397,9 @@ def _f_unique_values(rng: random.Random) -> _Ambiguous:
         "Unique Values", "easy", "the order of the returned values",
         "You are given an integer array nums. Return the list of its distinct values.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 9", "uniqueValues", "nums: list[int]) -> list[int]", ("nums",),
-        lambda r: (_small_list(r, 9),),
-        [("sorted", lambda a: sorted(set(a)), "return sorted(set(nums))"),
-         ("first_seen", lambda a: list(dict.fromkeys(a)), "return list(dict.fromkeys(nums))")])
+        lambda r: (_small_list(r, 9),), "SORTED",
+        _binary(lambda a: sorted(set(a)), lambda a: list(dict.fromkeys(a)), ("sorted", "first_seen")),
+        "return sorted(set(nums)) if SORTED else list(dict.fromkeys(nums))")
 
 
 @_template("f_most_frequent")
@@ -408,10 +408,10 @@ def _f_most_frequent(rng: random.Random) -> _Ambiguous:
         "Most Frequent Value", "medium", "which value to return when several are equally frequent",
         "You are given an integer array nums. Return the value that occurs most often.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 9", "mostFrequent", "nums: list[int]) -> int", ("nums",),
-        lambda r: (_small_list(r, 5),),
-        [("smallest", lambda a: _mode(a, "smallest"), "c = Counter(nums)\nreturn min(c, key=lambda x: (-c[x], x))"),
-         ("largest", lambda a: _mode(a, "largest"), "c = Counter(nums)\nreturn max(c, key=lambda x: (c[x], x))"),
-         ("first", lambda a: _mode(a, "first"), "c = Counter(nums)\nreturn max(c, key=c.get)")],
+        lambda r: (_small_list(r, 5),), "TIE",
+        [(rule, f'"{rule}"', lambda a, rule=rule: _mode(a, rule)) for rule in ("smallest", "largest", "first")],
+        'c = Counter(nums)\ntop = [x for x in c if c[x] == max(c.values())]\n'
+        'return min(top) if TIE == "smallest" else max(top) if TIE == "largest" else top[0]',
         imports="from collections import Counter")
 
 
@@ -420,24 +420,21 @@ def _f_count_vowels(rng: random.Random) -> _Ambiguous:
     return _functional(
         "Count Vowels", "easy", "whether y is a vowel",
         "You are given a string s of lowercase English letters. Return the number of vowels in s.",
-        "1 <= s.length <= 10", "countVowels", "s: str) -> int", ("s",),
-        lambda r: (_letters(r, "aeiybcdy"),),
-        [("without_y", lambda s: sum(ch in "aeiou" for ch in s), 'return sum(ch in "aeiou" for ch in s)'),
-         ("with_y", lambda s: sum(ch in "aeiouy" for ch in s), 'return sum(ch in "aeiouy" for ch in s)')])
+        "1 <= s.length <= 10", "countVowels", "s: str) -> int", ("s",), lambda r: (_letters(r, "aeiybcdy"),),
+        "Y_IS_VOWEL", _binary(lambda s: sum(ch in "aeiouy" for ch in s),
+                              lambda s: sum(ch in "aeiou" for ch in s), ("with_y", "without_y")),
+        'return sum(ch in ("aeiouy" if Y_IS_VOWEL else "aeiou") for ch in s)')
 
 
 @_template("f_second_largest")
 def _f_second_largest(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        a = _small_list(r, 5)
-        return (a if len(set(a)) > 1 else a + [a[0] % 5 + 1],)
-
     return _functional(
         "Second Largest", "easy", "whether a repeated maximum counts twice",
         "You are given an integer array nums with at least two distinct values. Return its second largest value.",
-        "2 <= nums.length <= 10\n1 <= nums[i] <= 9", "secondLargest", "nums: list[int]) -> int", ("nums",), gen,
-        [("distinct", lambda a: sorted(set(a))[-2], "return sorted(set(nums))[-2]"),
-         ("with_repeats", lambda a: sorted(a)[-2], "return sorted(nums)[-2]")])
+        "2 <= nums.length <= 10\n1 <= nums[i] <= 9", "secondLargest", "nums: list[int]) -> int", ("nums",),
+        _two_values, "DISTINCT",
+        _binary(lambda a: sorted(set(a))[-2], lambda a: sorted(a)[-2], ("distinct", "with_repeats")),
+        "return sorted(set(nums) if DISTINCT else nums)[-2]")
 
 
 @_template("f_average")
@@ -446,24 +443,21 @@ def _f_average(rng: random.Random) -> _Ambiguous:
         "Average Value", "easy", "how the average is rounded to an integer",
         "You are given an array nums of positive integers. Return their average as an integer.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 100", "averageValue", "nums: list[int]) -> int", ("nums",),
-        lambda r: (_ints(r, r.randint(1, 5), 1, 100),),
-        [("floor", lambda a: sum(a) // len(a), "return sum(nums) // len(nums)"),
-         ("ceil", lambda a: -(-sum(a) // len(a)), "return -(-sum(nums) // len(nums))")])
+        lambda r: (_ints(r, r.randint(1, 5), 1, 100),), "ROUND_UP",
+        _binary(lambda a: -(-sum(a) // len(a)), lambda a: sum(a) // len(a), ("ceil", "floor")),
+        "s = sum(nums)\nreturn -(-s // len(nums)) if ROUND_UP else s // len(nums)")
 
 
 @_template("f_count_char")
 def _f_count_char(rng: random.Random) -> _Ambiguous:
-    def gen(r: random.Random) -> tuple:
-        c = r.choice("abc")
-        return _letters(r, "abcABCxy"), c
-
     return _functional(
         "Count a Character", "easy", "whether upper-case letters match",
         "You are given a string s of English letters and a lowercase letter c. Return how many times c occurs in s.",
         "1 <= s.length <= 10\nc is a lowercase English letter.", "countChar", "s: str, c: str) -> int", ("s", "c"),
-        gen,
-        [("case_sensitive", lambda s, c: s.count(c), "return s.count(c)"),
-         ("case_insensitive", lambda s, c: s.lower().count(c), "return s.lower().count(c)")])
+        lambda r: (_letters(r, "abcABCxy"), r.choice("abc")), "IGNORE_CASE",
+        _binary(lambda s, c: s.lower().count(c), lambda s, c: s.count(c),
+                ("case_insensitive", "case_sensitive")),
+        "return (s.lower() if IGNORE_CASE else s).count(c)")
 
 
 @_template("f_is_increasing")
@@ -472,43 +466,36 @@ def _f_is_increasing(rng: random.Random) -> _Ambiguous:
         "Increasing Array", "easy", "whether equal neighbours are allowed",
         "You are given an integer array nums. Return true if its elements are in increasing order.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 9", "isIncreasing", "nums: list[int]) -> bool", ("nums",),
-        lambda r: (sorted(_small_list(r, 6)) if r.random() < 0.7 else _small_list(r, 6),),
-        [("strict", lambda a: all(x < y for x, y in zip(a, a[1:])),
-          "return all(nums[i] < nums[i + 1] for i in range(len(nums) - 1))"),
-         ("non_strict", lambda a: all(x <= y for x, y in zip(a, a[1:])),
-          "return all(nums[i] <= nums[i + 1] for i in range(len(nums) - 1))")])
+        _mostly_sorted, "STRICT",
+        _binary(lambda a: all(x < y for x, y in zip(a, a[1:])),
+                lambda a: all(x <= y for x, y in zip(a, a[1:])), ("strict", "non_strict")),
+        "pairs = zip(nums, nums[1:])\nreturn all(x < y if STRICT else x <= y for x, y in pairs)")
 
 
 @_template("f_longest_run")
 def _f_longest_run(rng: random.Random) -> _Ambiguous:
-    def body(op: str) -> str:
-        return (f"best = cur = 1\nfor i in range(1, len(nums)):\n    cur = cur + 1 if nums[i] {op} nums[i - 1] else 1\n"
-                "    best = max(best, cur)\nreturn best")
-
     return _functional(
         "Longest Increasing Stretch", "medium", "whether equal neighbours continue a stretch",
         "You are given an integer array nums. Return the length of its longest contiguous increasing stretch.",
         "1 <= nums.length <= 10\n1 <= nums[i] <= 9", "longestRun", "nums: list[int]) -> int", ("nums",),
-        lambda r: (_small_list(r, 5),),
-        [("strict", lambda a: _runs(a, True), body(">")), ("non_strict", lambda a: _runs(a, False), body(">="))])
+        lambda r: (_small_list(r, 5),), "STRICT",
+        _binary(lambda a: _runs(a, True), lambda a: _runs(a, False), ("strict", "non_strict")),
+        "best = cur = 1\nfor x, y in zip(nums, nums[1:]):\n    cur = cur + 1 if (y > x if STRICT else y >= x) else 1\n"
+        "    best = max(best, cur)\nreturn best")
 
 
 @_template("f_pairs_with_sum")
 def _f_pairs_with_sum(rng: random.Random) -> _Ambiguous:
-    def count(a: list[int], t: int, same: bool) -> int:
-        return sum(a[i] + a[j] == t for i in range(len(a)) for j in range(i if same else i + 1, len(a)))
-
     return _functional(
         "Pairs With a Sum", "medium", "whether an element pairs with itself",
         "You are given an integer array nums and an integer target. Return the number of index pairs (i, j) whose "
-        "elements add up to target.",
-        "1 <= nums.length <= 8\n1 <= nums[i] <= 6\n2 <= target <= 12", "pairsWithSum",
-        "nums: list[int], target: int) -> int", ("nums", "target"),
-        lambda r: (_small_list(r, 6), r.randint(2, 12)),
-        [("distinct_indices", lambda a, t: count(a, t, False),
-          "n = len(nums)\nreturn sum(nums[i] + nums[j] == target for i in range(n) for j in range(i + 1, n))"),
-         ("same_index", lambda a, t: count(a, t, True),
-          "n = len(nums)\nreturn sum(nums[i] + nums[j] == target for i in range(n) for j in range(i, n))")])
+        "elements add up to target.", "1 <= nums.length <= 8\n1 <= nums[i] <= 6\n2 <= target <= 12",
+        "pairsWithSum", "nums: list[int], target: int) -> int", ("nums", "target"),
+        lambda r: (_small_list(r, 6), r.randint(2, 12)), "SAME_INDEX",
+        _binary(lambda a, t: _pairs(a, t, True), lambda a, t: _pairs(a, t, False),
+                ("same_index", "distinct_indices")),
+        "n = len(nums)\nstart = 0 if SAME_INDEX else 1\n"
+        "return sum(nums[i] + nums[j] == target for i in range(n) for j in range(i + start, n))")
 
 
 KNOWN_ANSWER_TEMPLATES: tuple[str, ...] = tuple(name for name, _ in _TEMPLATES)

@@ -74,13 +74,22 @@ def metric_name(metric: str) -> str:
 
 
 def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int = 10_000, seed: int = 0,
-                    level: float = 0.95, pair_seeds: bool = False) -> pd.DataFrame:
-    """Each claim (``name``, ``metric``, ``better``, ``worse`` arms) tested on ``per_problem`` (columns ``arm``,
-    ``seed``, ``problem_id`` and the metrics): Δ = mean(better) − mean(worse) over the problems both arms scored in
-    every seed, its paired bootstrap interval (:func:`mars2.eval.stats.paired_bootstrap`) and the verdict.
-    ``pair_seeds``: only the seeds both arms ran, resampled as pairs (seed s of one arm with seed s of the other)."""
-    from mars2.eval.stats import paired_bootstrap
+                    level: float = 0.95, seeds_as_units: bool = False, alpha: float | None = None) -> pd.DataFrame:
+    """Each claim (``name``, ``metric``, ``better``, ``worse`` arms, ``exploratory``) tested on ``per_problem``
+    (columns ``arm``, ``seed``, ``problem_id`` and the metrics): Δ = mean(better) − mean(worse) over the problems both
+    arms scored in every seed, its interval, two-sided p-value and verdict.
 
+    Default: the paired bootstrap over problems and seeds (:func:`mars2.eval.stats.paired_bootstrap`).
+    ``seeds_as_units``: only the seeds both arms ran, one Δ_s per seed and a t interval with S − 1 degrees of freedom
+    (:func:`mars2.eval.stats.seed_level_interval`).
+
+    ``p_holm`` and ``verdict_holm``: Holm's adjustment over the pre-registered claims (``exploratory`` false) at
+    ``alpha`` (default 1 − ``level``); a claim holds when its adjusted p is below alpha and Δ > 0, does not hold when
+    below alpha and Δ < 0, else is inconclusive. An exploratory claim has no ``p_holm`` (NaN) and keeps its unadjusted
+    verdict as ``verdict_holm``; ``family`` says which it is."""
+    from mars2.eval.stats import holm, paired_bootstrap, seed_level_interval
+
+    alpha = 1 - level if alpha is None else alpha
     rows = []
     for claim in claims:
         if not is_claim_metric(claim.metric):
@@ -94,21 +103,34 @@ def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int 
                 raise ValueError(f"claim {claim.name!r}: arm {arm!r} has no per-problem {claim.metric}")
             grids[arm] = scored.pivot_table(index="seed", columns="problem_id", values=claim.metric)
         better, worse = grids[claim.better], grids[claim.worse]
-        if pair_seeds:
+        if seeds_as_units:
             seeds = sorted(set(better.index) & set(worse.index))
-            if not seeds:
-                raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share no seed")
+            if len(seeds) < 2:
+                raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share "
+                                 f"{len(seeds)} seed(s); seeds as units need at least 2")
             better, worse = better.loc[seeds], worse.loc[seeds]
         common = sorted(set(better.dropna(axis=1).columns) & set(worse.dropna(axis=1).columns))
         if not common:
             raise ValueError(f"claim {claim.name!r}: arms {claim.better!r} and {claim.worse!r} share no problem")
-        ci = paired_bootstrap(better[common].to_numpy(), worse[common].to_numpy(), n_boot=n_boot, seed=seed,
-                              level=level, pair_seeds=pair_seeds)
+        a, b = better[common].to_numpy(), worse[common].to_numpy()
+        ci = seed_level_interval(a, b, level=level) if seeds_as_units else \
+            paired_bootstrap(a, b, n_boot=n_boot, seed=seed, level=level)
         rows.append({"claim": claim.name, "metric": claim.metric, "better": claim.better, "worse": claim.worse,
                      "delta": ci.delta, "low": ci.low, "high": ci.high, "level": level, "verdict": ci.verdict,
+                     "p_value": ci.p_value, "family": "exploratory" if claim.exploratory else "pre-registered",
                      "problems": ci.problems, "seeds_better": ci.seeds_a, "seeds_worse": ci.seeds_b})
-    return pd.DataFrame(rows, columns=["claim", "metric", "better", "worse", "delta", "low", "high", "level",
-                                       "verdict", "problems", "seeds_better", "seeds_worse"])
+    table = pd.DataFrame(rows, columns=CLAIM_COLUMNS[:10] + CLAIM_COLUMNS[12:])
+    family = table["family"] == "pre-registered"
+    adjusted, rejected = holm(table["p_value"].where(family).to_numpy(), alpha)
+    table.insert(10, "p_holm", adjusted)
+    table.insert(11, "verdict_holm", [
+        (("holds" if d > 0 else "does not hold") if r else "inconclusive") if f else v
+        for d, r, f, v in zip(table["delta"], rejected, family, table["verdict"], strict=True)])
+    return table
+
+
+CLAIM_COLUMNS = ["claim", "metric", "better", "worse", "delta", "low", "high", "level", "verdict", "p_value", "p_holm",
+                 "verdict_holm", "family", "problems", "seeds_better", "seeds_worse"]
 
 
 def arm_intervals(per_problem: pd.DataFrame, metrics: Sequence[str] = METRICS, *, n_boot: int = 10_000,
@@ -186,12 +208,15 @@ def plot_claims(claims: pd.DataFrame, path: str | Path,
 
 
 def claims_markdown(claims: pd.DataFrame) -> str:
-    """The claims as Markdown: Δ and its interval in points (percent), the verdict, the counts behind it."""
-    lines = ["| claim | metric | Δ (points) | interval | verdict | problems × seeds |", "|---|---|---|---|---|---|"]
+    """The claims as Markdown: Δ and its interval in points (percent), p and Holm's adjusted p, the verdict after
+    Holm's adjustment (exploratory claims: unadjusted, and marked so), the counts behind it."""
+    lines = ["| claim | metric | Δ (points) | interval | p | p (Holm) | verdict | problems × seeds |",
+             "|---|---|---|---|---:|---:|---|---|"]
     for r in claims.itertuples():
+        holm = "unadjusted (exploratory)" if r.family == "exploratory" else f"{r.p_holm:.3f}"
         lines.append(f"| {r.claim} | {metric_name(r.metric)}: {r.better} − {r.worse} | {100 * r.delta:+.1f} | "
-                     f"[{100 * r.low:+.1f}, {100 * r.high:+.1f}] ({100 * r.level:.0f}%) | **{r.verdict}** | "
-                     f"{r.problems} × {r.seeds_better}/{r.seeds_worse} |")
+                     f"[{100 * r.low:+.1f}, {100 * r.high:+.1f}] ({100 * r.level:.0f}%) | {r.p_value:.3f} | {holm} | "
+                     f"**{r.verdict_holm}** | {r.problems} × {r.seeds_better}/{r.seeds_worse} |")
     return "\n".join(lines)
 
 
