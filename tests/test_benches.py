@@ -54,3 +54,14 @@ def test_the_prepared_gpu_checks_run_the_engine_step_profile_of_the_decode_threa
     assert re.search(r"forward passes: 31 decode steps \+ 1 prefill\(s\)", log)
     assert "aten::mm" in log or "aten::addmm" in log
     assert re.search(r"^== step: exit 0 after \d+ s$", log, re.M)
+
+
+def test_refine_skill_probe_prints_fresh_and_refine_shares():
+    stdout = run_bench("bench/refine_skill.py", "--hidden", "32", "--layers", "1", "--steps", "2",
+                       "--n-problems", "48")
+    fresh = re.search(r"^fresh:  true reading ([\d.]+)%, another reading ([\d.]+)% \((\d+) programs\)$", stdout, re.M)
+    refine = re.search(r"^refine: true reading ([\d.]+)%, parent copied ([\d.]+)% \((\d+) wrong-reading parents\)$",
+                       stdout, re.M)
+    assert fresh and refine
+    held_out = int(fresh.group(3)) // 4  # 4 programs for each of about a quarter of 48 problems (the hash split)
+    assert int(fresh.group(3)) == 4 * held_out and int(refine.group(3)) >= held_out > 5
