@@ -832,6 +832,9 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
                   f"Got steps={b.steps}, lr={b.lr}, batch_size={b.batch_size}, data_fraction={b.data_fraction}, "
                   f"refine_per_problem={b.refine_per_problem}, own_failures={b.own_failures}, "
                   f"own_failures_steps={b.own_failures_steps}.")
+        if b.wrong_readings and cfg.data.source != "known_answer":
+            _fail(f"{where}: bootstrap.wrong_readings=true needs data=known_answer (data.source={cfg.data.source!r})",
+                  "Only the known-answer benchmark has wrong readings; set it false or pick data=known_answer.")
         if b.steps and m.shares_weights_with is not None:
             _fail(f"{where}: a role sharing weights cannot have its own bootstrap",
                   f"Set bootstrap on the weight owner {m.shares_weights_with!r}.")

@@ -98,6 +98,8 @@ def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_pa
     (["agents.members.0.update_procs=0"], "update_procs=0 must be >= 1"),
     (["agents.members.0.bootstrap.own_failures=4"], "own_failures and own_failures_steps both 0 or both >= 1"),
     (["gate.n_fresh=0"], "gate.n_fresh"),
+    (["gate.n_pool=0"], "gate.n_pool"),
+    (["agents.members.0.bootstrap.wrong_readings=true"], "bootstrap.wrong_readings=true needs data=known_answer"),
     (["gate.split=test"], "gate.split='test' is unknown"),
 ])
 def test_bad_overrides_give_clear_errors(overrides, message):

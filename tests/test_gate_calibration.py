@@ -50,16 +50,16 @@ def _grade(jobs):
             for code, _tests, _func in jobs]
 
 
-def simulate_gate(replicate: int, *, lift: float, n_problems: int = 40, n_fresh: int = 8, n_parents: int = 4,
-                  n_boot: int = 400) -> dict[str, str]:
-    """One simulated gate on two agents; the verdict of each pooled set."""
+def simulate_gate(replicate: int, *, lift: float, n_problems: int = 40, n_fresh: int = 8, n_pool: int = 4,
+                  n_parents: int = 4, n_boot: int = 400) -> dict[str, str]:
+    """One simulated gate on two agents (the gate's default sample sizes); the verdict of each pooled set."""
     rng = np.random.default_rng(10_000 + replicate)
     problems = [Problem(f"p{i}", "t", f"p{i}", (TestCase("", ""),), (TestCase("", ""),)) for i in range(n_problems)]
     runners = {}
     for name in ("a", "b"):
         rates = {p.id: float(rng.uniform(0.2, 0.8)) for p in problems}
         runners[name] = AgentRunner(Coin(rates, lift), Plain())
-    attempts = gate_attempts(problems, runners, n_fresh=n_fresh, n_parents=n_parents, grade=_grade,
+    attempts = gate_attempts(problems, runners, n_fresh=n_fresh, n_pool=n_pool, n_parents=n_parents, grade=_grade,
                              sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=replicate))
     attempts["reward"] = (attempts["code"] == PASS).astype(float)
     table = gate_table(attempts, n_boot=n_boot, seed=replicate).set_index("set")

@@ -156,3 +156,21 @@ def test_own_failures_are_the_agents_samples_that_fail_a_public_test(tiny_model_
                              grade=lambda jobs: calls.append(jobs) or [Verdict("AC" if i % 2 else "WA")
                                                                         for i in range(len(jobs))])
     assert len(calls[0]) == 6 and len(some_pass) == 3 and all(v.status == "WA" for _, _, v in some_pass)
+
+
+def test_wrong_reading_attempts_are_the_other_readings_failing_a_public_test_with_their_verdict():
+    """Graded by the real sandbox: every other reading of a known-answer problem fails exactly its pinning public test
+    (passed = total − 1), and an AC program offered as a wrong reading is dropped."""
+    from mars2.config import GradingConfig
+    from mars2.data.known_answer import (known_answer_benchmark, known_answer_reference_solutions,
+                                         known_answer_wrong_readings)
+    from mars2.search.run import public_grader
+    from mars2.train.warm_start import wrong_reading_attempts
+
+    problems, _ = load_problems(known_answer_benchmark(6, seed=0), source="known_answer")
+    refs, wrong = known_answer_reference_solutions(6, 0), known_answer_wrong_readings(6, 0)
+    offered = {p.id: wrong[p.id] + [refs[p.id]] for p in problems}
+    grade = public_grader(GradingConfig(time_limit_s=2.0, workers=2, isolation="process"))
+    cases = wrong_reading_attempts(problems, offered, grade)
+    assert [(p.id, code) for p, code, _ in cases] == [(p.id, w) for p in problems for w in wrong[p.id]]
+    assert all(v.status == "WA" and v.passed == v.total - 1 for _, _, v in cases)
