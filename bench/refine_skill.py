@@ -15,12 +15,14 @@ spelling); nothing is executed. The figures are comparable between settings of o
 as the sampling noise allows (48 problems).
 
     python bench/refine_skill.py --arch llama --hidden 128 --steps 240
+    python bench/refine_skill.py --n-problems 1024 --rename        # must the refinement copy from the parent?
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 from types import SimpleNamespace
 
@@ -31,7 +33,8 @@ from mars2.backends.transformers_backend import TransformersBackend
 from mars2.data.sources import build_dataset
 from mars2.models.tiny import build_tiny_model, train_tokenizer
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
-from mars2.train.warm_start import reference_example, supervised_warm_start, warm_start_examples, warm_start_mix
+from mars2.train.warm_start import (WarmStartExample, reference_example, supervised_warm_start, warm_start_examples,
+                                    warm_start_mix)
 
 
 def main() -> None:
@@ -44,6 +47,10 @@ def main() -> None:
     ap.add_argument("--n-problems", type=int, default=256)
     ap.add_argument("--fraction", type=float, default=0.75)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--copy-steps", type=int, default=0,
+                    help="first train this many steps to copy random token strings (a copy curriculum)")
+    ap.add_argument("--rename", action="store_true",
+                    help="give each problem's constant a name of its own (FIRST -> FIRST_7): a refinement must copy it")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
 
@@ -52,6 +59,12 @@ def main() -> None:
         seed=0, split="hash", eval_fraction=0.25, split_date=None, eval_ids_file=None, eval_source=None,
         eval_path=None, eval_release=None, eval_start_date=None, eval_end_date=None, reject_fatal=True))
     refs, wrong = ds.reference_solutions, ds.wrong_readings
+    if a.rename:
+        for pid in refs:
+            name = refs[pid].split(" = ", 1)[0]
+            new = f"{name}_{random.Random(pid).randint(1, 9)}"
+            refs[pid], wrong[pid] = (re.sub(rf"\b{name}\b", new, refs[pid]),
+                                     [re.sub(rf"\b{name}\b", new, w) for w in wrong[pid]])
     held_out = ds.eval[:48]
     tok = train_tokenizer([p.statement for p in ds.train] + [p.starter_code for p in ds.train]
                           + [refs[p.id] for p in ds.train], 1024)
@@ -75,6 +88,13 @@ def main() -> None:
     examples += [reference_example(p.id, chat(refine_prompt(p, w, failed(p, i))), refs[p.id], tok)
                  for i, (p, w) in enumerate(cases)]
     t0 = time.perf_counter()
+    if a.copy_steps:
+        rng = random.Random(a.seed)
+        strings = [[rng.randrange(3, len(tok)) for _ in range(rng.randint(8, 48))] for _ in range(4000)]
+        copies = [WarmStartExample("copy", s + [tok.eos_token_id], s + [tok.eos_token_id]) for s in strings]
+        copied = supervised_warm_start(model, copies, pad_id=tok.pad_token_id, steps=a.copy_steps, lr=a.lr,
+                                       batch_size=32, seed=a.seed)
+        print(f"copy curriculum: {a.copy_steps} steps, loss {copied['loss_first']:.2f} -> {copied['loss_last']:.2f}")
     stats = supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=a.steps, lr=a.lr, batch_size=16,
                                   seed=a.seed)
     params = sum(p.numel() for p in model.parameters())

@@ -58,7 +58,8 @@ def test_the_prepared_gpu_checks_run_the_engine_step_profile_of_the_decode_threa
 
 def test_refine_skill_probe_prints_fresh_and_refine_shares():
     stdout = run_bench("bench/refine_skill.py", "--hidden", "32", "--layers", "1", "--steps", "2",
-                       "--n-problems", "48")
+                       "--n-problems", "48", "--copy-steps", "1", "--rename")
+    assert re.search(r"^copy curriculum: 1 steps, loss [\d.]+ -> [\d.]+$", stdout, re.M)
     fresh = re.search(r"^fresh:  true reading ([\d.]+)%, another reading ([\d.]+)% \((\d+) programs\)$", stdout, re.M)
     refine = re.search(r"^refine: true reading ([\d.]+)%, parent copied ([\d.]+)% \((\d+) wrong-reading parents\)$",
                        stdout, re.M)
