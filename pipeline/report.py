@@ -68,6 +68,8 @@ class RunReport:
         tables = self.summary_tables(table, eval_metrics)
         if note := unchanged_note(self.rows, eval_metrics, self.before()):
             notes = "\n\n".join(x for x in (note[0].upper() + note[1:] + ".", notes) if x)
+        if verdict := method_verdict(self.rows, eval_metrics, self.before()):
+            notes = "\n\n".join(x for x in (notes, verdict) if x)
         reused = self.run.reused if status == "FINISHED" else None
         run_id = reused or self.run.needed()
         summary = self.markdown(status, tables, run_metrics, notes)  # after needed(): a deferred run gets its id there
@@ -310,6 +312,34 @@ def unchanged_note(rows: list[dict], after: dict[str, float], before: dict[str, 
         parts.append(moved("cross-agent refinements", rollout[0], rollout[-1], "cross_agent_refine_share"))
     return (f"held-out Pass@1 did not move in {len(grading)} cycle{'s' * (len(grading) != 1)}; what did: "
             + ", ".join(x for x in parts if x))
+
+
+def method_verdict(rows: list[dict], after: dict[str, float], before: dict[str, float] | None) -> str:
+    """The run's closing line: whether it shows the method's mechanism, in words, from four signs — the team tree beats
+    one sample at the end (Pass@1(MCTS) > team Pass@1), refinements pass the hidden tests (≥ 10% in some cycle),
+    cross-agent refinements pass (> 0 in some cycle, when there are any) and the held-out Pass@1(MCTS) does not fall
+    from "before" to the end. "" without a rollout or a final evaluation of the tree."""
+    grading = [r["metrics"] for r in rows if r["stage"] == "grading"]
+    mcts, sample = after.get("team/pass_at_1_mcts"), after.get("team/pass_at_1")
+    if not grading or mcts is None or sample is None:
+        return ""
+    refine = max((g["refine_pass_rate"] for g in grading if "refine_pass_rate" in g), default=None)
+    cross = max((g["cross_refine_pass_rate"] for g in grading if "cross_refine_pass_rate" in g), default=None)
+    start = (before or {}).get("team/pass_at_1_mcts")
+    signs = [(mcts > sample, f"the team tree {'beats' if mcts > sample else 'does not beat'} one sample "
+                             f"(Pass@1(MCTS) {100 * mcts:.1f}% vs Pass@1 {100 * sample:.1f}%)")]
+    if refine is not None:
+        signs.append((refine >= 0.10, f"refinements pass at most {100 * refine:.1f}% in a cycle"))
+    if cross is not None:
+        signs.append((cross > 0, f"cross-agent refinements at most {100 * cross:.1f}%"))
+    if start is not None:
+        signs.append((mcts >= start, f"held-out Pass@1(MCTS) {100 * start:.1f}% → {100 * mcts:.1f}%"))
+    shown = all(ok for ok, _ in signs) and refine is not None
+    facts = "; ".join(text for _, text in signs)
+    if shown:
+        return f"**This run shows the method at work**: {facts}."
+    return (f"**This run does not show the method's mechanism**: {facts} (it needs all four: RESULTS.md, "
+            "\"The refine gate\").")
 
 
 DIVERSITY = {"da_at_": "distinct algorithms among {k} correct programs (DA@{k})",

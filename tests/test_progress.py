@@ -101,6 +101,28 @@ def test_an_unchanged_held_out_table_says_what_the_cycles_did_change():
     assert unchanged_note(rows, {"team/pass_at_1": 0.344}, None) == ""  # no "before"
 
 
+def test_the_closing_line_says_whether_the_run_shows_the_method_from_its_four_signs():
+    from pipeline.report import method_verdict
+
+    before = {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.156}
+    rows = [{"cycle": -1, "stage": "eval", "metrics": before},
+            {"cycle": 0, "stage": "grading", "metrics": {"refine_pass_rate": 0.0, "cross_refine_pass_rate": 0.0}},
+            {"cycle": 1, "stage": "grading", "metrics": {"refine_pass_rate": 0.0, "cross_refine_pass_rate": 0.0}}]
+    toy = method_verdict(rows, {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.188}, before)
+    assert toy == ("**This run does not show the method's mechanism**: the team tree does not beat one sample "
+                   "(Pass@1(MCTS) 18.8% vs Pass@1 34.4%); refinements pass at most 0.0% in a cycle; cross-agent "
+                   "refinements at most 0.0%; held-out Pass@1(MCTS) 15.6% → 18.8% (it needs all four: RESULTS.md, "
+                   "\"The refine gate\").")
+    rows[2]["metrics"] = {"refine_pass_rate": 0.31, "cross_refine_pass_rate": 0.12}
+    works = method_verdict(rows, {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.5}, before)
+    assert works.startswith("**This run shows the method at work**: the team tree beats one sample")
+    # each sign alone can fail it: a falling tree, no passing cross-agent refinement
+    assert "does not show" in method_verdict(rows, {"team/pass_at_1": 0.1, "team/pass_at_1_mcts": 0.15}, before)
+    rows[2]["metrics"]["cross_refine_pass_rate"] = 0.0
+    assert "does not show" in method_verdict(rows, {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.5}, before)
+    assert method_verdict(rows[:1], {"team/pass_at_1": 0.3, "team/pass_at_1_mcts": 0.5}, before) == ""  # no rollout
+
+
 def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
     import io
     import logging
