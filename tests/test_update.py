@@ -120,12 +120,17 @@ def test_ranks_split_every_step_into_equal_numbers_of_micro_batches():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [0, 3])
-def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path, zero_stage):
-    """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too."""
+@pytest.mark.parametrize("zero_stage,chunk", [(0, 1024), (3, 1024), (3, 2)])
+def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path, zero_stage, chunk):
+    """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too. With
+    log-prob chunks of 2 positions, the two answers (of different lengths) need different numbers of chunks, so the
+    ranks' micro-batches do too: under ZeRO-3 every rank must still call the partitioned head equally often
+    (mars2.train.update.chunk_count), in the reference, the old log-probs and the training pass alike."""
     tok = tiny_tokenizer
     samples, init_logp = _good_and_bad(tiny_model_dir, tok, copies=4)
-    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, cycles=10, step_batch=4)
+    assert len({-(-len(s.response_ids) // chunk) for s in samples}) == (2 if chunk == 2 else 1)
+    hp = UpdateHParams(lr=3e-3, min_lr=3e-4, warmup_ratio=0.0, micro_batch=1, cycles=10, step_batch=4,
+                       logprob_chunk_tokens=chunk)
     args = dict(model_dir=str(tiny_model_dir), ref_model_dir=str(tiny_model_dir), prev_ds_dir=None, samples=samples,
                 profile=PROFILE, hp=hp, pad_id=tok.pad_token_id, device="cpu")
     one = update_agent(out_dir=tmp_path / "one", **args)

@@ -61,6 +61,33 @@ def test_chunked_logprobs_equal_the_full_logits_path_in_values_and_gradients(tin
     assert any(float(g.abs().max()) > 1e-4 for g in grads_full.values())
 
 
+def test_extra_empty_chunks_call_the_head_in_forward_and_backward_and_change_nothing():
+    """A rank with fewer response positions than another runs empty chunks (ZeRO-3 needs every rank to call the
+    partitioned head equally often): the head is called n_chunks times in forward and again in backward, and the
+    values and gradients are those of the plain chunking."""
+    from mars2.train.update import chunk_count, sampled_logprobs
+
+    calls = []
+    head = torch.nn.Linear(8, 11, bias=False)
+    head.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+    hidden = torch.randn(7, 8, generator=torch.Generator().manual_seed(2))
+    targets = torch.randint(0, 11, (7,), generator=torch.Generator().manual_seed(3))
+    results = {}
+    for n_chunks in (None, 6):
+        h = hidden.clone().requires_grad_(True)
+        head.zero_grad()
+        out = sampled_logprobs(head, h, targets, chunk_tokens=3, n_chunks=n_chunks)
+        out.sum().backward()
+        results[n_chunks] = (out.detach(), h.grad.clone(), head.weight.grad.clone())
+    assert calls[:6] == [3, 3, 1, 1, 3, 3]  # plain: 3 chunks forward, recomputed in backward (in reverse)
+    assert calls[6:] == [3, 3, 1, 0, 0, 0] + [0, 0, 0, 1, 3, 3]  # padded to 6: the empty ones too, both ways
+    for a, b in zip(results[None], results[6], strict=True):
+        assert torch.equal(a, b)
+    assert chunk_count(7, 3) == 3 and chunk_count(0, 3) == 0  # one process: its own count
+    with pytest.raises(ValueError, match="cannot cover"):
+        sampled_logprobs(head, hidden, targets, chunk_tokens=3, n_chunks=2)
+
+
 # micro-batches by token budget
 
 LENGTHS = [900, 120, 130, 880, 400, 410, 125, 60, 950, 395, 70, 415, 100, 905]

@@ -278,15 +278,36 @@ def _sampled_logprob_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets:
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def chunk_count(n_positions: int, chunk_tokens: int, device: torch.device | str = "cpu") -> int:
+    """⌈n_positions / chunk_tokens⌉, or, when torch.distributed runs several ranks, the largest count of any rank.
+
+    Under ZeRO-3 every call of a partitioned module all-gathers its parameters on all ranks, so every rank must call
+    the output head equally often whatever its own response lengths (a rank with fewer calls leaves the others waiting
+    in a gather). Every rank calls this at the same points: it is a collective there."""
+    n = -(-n_positions // chunk_tokens)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        most = torch.tensor([n], dtype=torch.long, device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        n = int(most.item())
+    return n
+
+
 def sampled_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                     chunk_tokens: int = 1024) -> torch.Tensor:
+                     chunk_tokens: int = 1024, n_chunks: int | None = None) -> torch.Tensor:
     """log π_T(targets | hidden) over chunks of ``chunk_tokens`` positions: hidden [N, H], targets [N] → [N] (fp32).
 
     With gradients on, each chunk runs under non-reentrant ``torch.utils.checkpoint``: its [C, vocab] logits are
     rebuilt in backward instead of kept, so at most one chunk's logits (and their gradient) exist at a time.
+    ``n_chunks`` (≥ ⌈N / chunk_tokens⌉): the head runs that many times, on empty chunks after the last one, in forward
+    and in backward alike (:func:`chunk_count`).
     """
+    needed = -(-hidden.shape[0] // chunk_tokens)
+    n_chunks = needed if n_chunks is None else n_chunks
+    if n_chunks < needed:
+        raise ValueError(f"n_chunks={n_chunks} cannot cover {hidden.shape[0]} positions in chunks of {chunk_tokens}")
     out = []
-    for i in range(0, hidden.shape[0], chunk_tokens):
+    for i in range(0, n_chunks * chunk_tokens, chunk_tokens):
         h, x = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
             out.append(torch.utils.checkpoint.checkpoint(_sampled_logprob_chunk, head, h, x, temperature,
@@ -302,13 +323,15 @@ def chunked_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch
     [B, L−1] fp32, log π_T(x_{t+1} | x_{≤t}) where mask = 1 and 0 elsewhere.
 
     log π_T(x_{t+1} | x_{≤t}) = (h_t·W)[x_{t+1}]/T − logsumexp(h_t·W/T), h from :func:`final_hidden_states`,
-    W the output embedding; see :func:`sampled_logprobs` for the memory bound.
+    W the output embedding; see :func:`sampled_logprobs` for the memory bound. With several ranks, every rank runs
+    as many chunks as the rank with the most response positions (:func:`chunk_count`).
     """
     _, head = backbone_and_head(model)
     hidden = final_hidden_states(model, input_ids, attention_mask)[:, :-1]
     where = mask.bool()
+    n_chunks = chunk_count(int(where.sum()), chunk_tokens, hidden.device)
     values = sampled_logprobs(head, hidden[where], input_ids[:, 1:][where], temperature=temperature,
-                              chunk_tokens=chunk_tokens)
+                              chunk_tokens=chunk_tokens, n_chunks=n_chunks)
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(where, values)
 
 
