@@ -53,6 +53,31 @@ def test_a_saved_model_folder_gives_the_project_tokenizers_ids_through_auto_toke
     assert ours == theirs and ours[2] == ROUND_TRIP_TEXT
 
 
+def test_a_trained_folder_keeps_its_source_models_generation_config(tmp_path, tiny_tokenizer):
+    """save_pretrained writes transformers' own generation_config.json; the completed folder carries the source
+    model's (its end tokens, its sampling defaults), and a folder without a source keeps the one it has."""
+    import json
+
+    from mars2.models.tiny import build_tiny_model
+    from mars2.train.checkpoints import complete_model_folder
+
+    tiny_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    model = build_tiny_model("qwen2", vocab_size=len(tiny_tokenizer), hidden_size=32, num_layers=1, num_heads=4,
+                             num_kv_heads=2, intermediate_size=64, max_position_embeddings=256,
+                             pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id, seed=0)
+    (tmp_path / "source").mkdir()
+    source = {"eos_token_id": [tiny_tokenizer.eos_token_id, 7], "temperature": 0.6, "top_p": 0.95}
+    (tmp_path / "source" / "generation_config.json").write_text(json.dumps(source))
+    model.save_pretrained(tmp_path / "trained")
+    assert (tmp_path / "trained" / "generation_config.json").is_file()  # transformers' own, written by save
+    complete_model_folder(tmp_path / "trained", tmp_path / "tokenizer", source_model_dir=tmp_path / "source")
+    assert json.loads((tmp_path / "trained" / "generation_config.json").read_text()) == source
+    model.save_pretrained(tmp_path / "alone")
+    own = (tmp_path / "alone" / "generation_config.json").read_text()
+    complete_model_folder(tmp_path / "alone", tmp_path / "tokenizer")
+    assert (tmp_path / "alone" / "generation_config.json").read_text() == own
+
+
 def test_two_architectures_differ(tiny_tokenizer):
     from mars2.models.tiny import build_tiny_model
 

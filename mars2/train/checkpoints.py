@@ -48,9 +48,11 @@ def complete_model_folder(model_dir: str | Path, tokenizer_dir: str | Path, sour
                           ) -> Path:
     """Make ``model_dir`` (config + safetensors, as ``save_pretrained`` writes it) loadable alone.
 
-    Copies the tokenizer files of ``tokenizer_dir`` verbatim (never its weights); writes ``generation_config.json``
-    when missing: ``source_model_dir``'s (the weights this folder was trained from) if it has one, else derived from
-    ``config.json`` (its bos/eos/pad ids). Raises ``ValueError`` naming what is still missing.
+    Copies the tokenizer files of ``tokenizer_dir`` verbatim (never its weights). ``generation_config.json`` is
+    ``source_model_dir``'s (the weights this folder was trained from) whenever that has one, over the one
+    ``save_pretrained`` writes (transformers' own, which loses the source's end tokens and sampling defaults); else
+    the folder's own, or one derived from ``config.json`` (its bos/eos/pad ids) when it has none. Raises
+    ``ValueError`` naming what is still missing.
     """
     d, tok = Path(model_dir), Path(tokenizer_dir)
     if d.resolve() != tok.resolve():
@@ -59,14 +61,13 @@ def complete_model_folder(model_dir: str | Path, tokenizer_dir: str | Path, sour
             raise ValueError(f"{tok} holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
         for f in copied:
             shutil.copyfile(tok / f, d / f)
-    if not (d / GENERATION_CONFIG).is_file():
-        source = Path(source_model_dir) / GENERATION_CONFIG if source_model_dir else None
-        if source is not None and source.is_file():
-            shutil.copyfile(source, d / GENERATION_CONFIG)
-        else:
-            from transformers import AutoConfig, GenerationConfig
+    source = Path(source_model_dir) / GENERATION_CONFIG if source_model_dir else None
+    if source is not None and source.is_file() and source.resolve() != (d / GENERATION_CONFIG).resolve():
+        shutil.copyfile(source, d / GENERATION_CONFIG)
+    elif not (d / GENERATION_CONFIG).is_file():
+        from transformers import AutoConfig, GenerationConfig
 
-            GenerationConfig.from_model_config(AutoConfig.from_pretrained(d, local_files_only=True)).save_pretrained(d)
+        GenerationConfig.from_model_config(AutoConfig.from_pretrained(d, local_files_only=True)).save_pretrained(d)
     missing = missing_model_files(d)
     if missing:
         raise ValueError(f"model folder {d} is not complete: it lacks {', '.join(missing)}")
