@@ -215,8 +215,8 @@ def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(
     model's end tokens; a new version is loaded with ``collective_rpc("reload_weights")`` once none is in flight,
     then the prefix cache is reset; sleep is level 2 (weights discarded) and a request after it wakes the engine and
     reloads the folder it held, a load into a sleeping engine wakes it and loads only the new folder; a folder
-    without readable safetensors is refused before the reload and the engine keeps its version; it is started
-    once."""
+    without readable safetensors is refused before the reload and the engine keeps its version, and a sleeping engine
+    refusing one stays asleep (it is not woken into discarded weights); it is started once."""
     import json
 
     import torch
@@ -260,6 +260,12 @@ def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(
         with pytest.raises(EngineError, match="broken/model.safetensors cannot be read"):
             engine.load(str(ckpt["broken"]), "v4")
         assert engine.health()["version"] == "v3" and engine.generate(["u"], params, [9])[0][0].text == f"{v3}|u"
+        engine.sleep()  # level 2 kept no weights: a refused folder must not wake it into them
+        with pytest.raises(EngineError, match="broken/model.safetensors cannot be read"):
+            engine.load(str(ckpt["broken"]), "v4")
+        health = engine.health()
+        assert health["asleep"] and health["version"] == "v3"
+        assert engine.generate(["w"], params, [9])[0][0].text == f"{v3}|w"  # woken by the request, v3 reloaded
         engine.spec = engine.spec.__class__(**{**engine.spec.__dict__, "version": "v1"})  # a stale caller
         with pytest.raises(EngineError, match="holds weights version 'v3'"):
             engine.generate(["s"], params, [1])
@@ -275,11 +281,14 @@ def test_a_persistent_vllm_engine_streams_requests_and_reloads_weights_in_place(
     assert events[rpc][1:] == ["reload_weights", {"weights_path": v2}, 0] and kinds[rpc + 1] == "reset"
     assert kinds.index("rpc") > max(i for i, e in enumerate(events[:rpc]) if e[0] == "generate")
     sleeps = [i for i, k in enumerate(kinds) if k == "sleep"]
-    assert [events[i][1] for i in sleeps] == [2, 2]  # level 2: nothing copied to host memory
+    assert [events[i][1] for i in sleeps] == [2, 2, 2]  # level 2: nothing copied to host memory
     wake = kinds.index("wake", sleeps[0])
     assert events[wake + 1][1:] == ["reload_weights", {"weights_path": v2}, 0] and kinds[wake + 2] == "reset"
-    assert kinds.count("rpc") == 3 and kinds[-kinds[::-1].index("rpc") - 2] == "wake"  # woken, then only v3 loaded
-    assert events[-kinds[::-1].index("rpc") - 1][2] == {"weights_path": v3}
+    v3_load = [i for i, e in enumerate(events) if e[0] == "rpc" and e[2] == {"weights_path": v3}]
+    assert kinds.count("rpc") == 4 and len(v3_load) == 2
+    assert kinds[v3_load[0] - 1] == "wake"  # the load into the sleeping engine: woken, then only v3 loaded
+    assert kinds[v3_load[1] - 1] == "wake" and kinds.index("wake", sleeps[2]) == v3_load[1] - 1  # the refused load
+    # left it asleep: the next request woke it and reloaded the folder it held
 
 
 def test_a_vllm_engine_on_the_cpu_never_asks_for_sleep_mode(tmp_path, monkeypatch):

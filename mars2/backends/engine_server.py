@@ -48,6 +48,11 @@ class TransformersEngine:
     def drained(self):
         return self.backend.batcher.drained()
 
+    def check(self, model_dir: str) -> None:
+        """:class:`CheckpointRefused` unless ``model_dir`` has safetensors files (the tensors are checked by
+        :meth:`load`, before it copies anything)."""
+        checkpoint_files(model_dir)
+
     def load(self, model_dir: str) -> None:
         load_weights_in_place(self.backend.model, model_dir)
 
@@ -148,6 +153,9 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.engine.drained():
+                # refused before anything moves: a sleeping vLLM engine (level 2 kept no weights) stays asleep and
+                # reloads the folder it holds when a request wakes it, instead of serving discarded memory
+                state.engine.check(model_dir)
                 if state.asleep:  # vLLM cannot reload into a sleeping engine; the folder it held is replaced at once
                     state.engine.wake(restore=False)
                     state.asleep = False

@@ -14,7 +14,8 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   which must return True (cached prefixes were computed with the old weights). A folder without readable
   safetensors files is refused before the reload (:class:`~mars2.backends.base.CheckpointRefused`: the
   engine keeps its version); a reload that fails after it started leaves no version;
-- sleep / wake: ``sleep(level=1)`` (weights to host memory, KV cache dropped) / ``wake_up()``;
+- sleep / wake: ``sleep(level=2)`` (weights and KV cache dropped) / ``wake_up()`` and a reload of the folder it held;
+  a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
 - stop: ``shutdown()``.
 """
 
@@ -109,8 +110,12 @@ class VLLMEngine:
                 self._holds -= 1
                 self._cv.notify_all()
 
-    def load(self, model_dir: str) -> None:
+    def check(self, model_dir: str) -> None:
+        """:class:`~mars2.backends.base.CheckpointRefused` unless ``model_dir``'s safetensors files read."""
         check_safetensors(model_dir)
+
+    def load(self, model_dir: str) -> None:
+        self.check(model_dir)
         self._reload(model_dir)
         self.model_dir = model_dir
 
