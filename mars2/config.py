@@ -346,6 +346,9 @@ class TrainConfig:
     logprob_chunk_tokens: int = 1024
     """response positions per chunk of the log-prob computation: bounds the fp32 [tokens x vocab] logits held at once
     (1024 x 151,936 x 4 B = 0.6 GB)."""
+    collective_timeout_s: float = 7200.0
+    """seconds an update rank may wait in one collective (DeepSpeed's default is 10 minutes: too short for ranks
+    waiting while rank 0 writes a 32B model folder, 65 GB, on storage slower than ~110 MB/s)."""
     train_batch: int = 8
     """an agent updates when its buffer holds at least this many samples."""
     step_batch: int | None = None
@@ -728,6 +731,9 @@ def _validate_train(t: TrainConfig) -> None:
     if t.micro_batch_tokens is not None and (isinstance(t.micro_batch_tokens, bool) or t.micro_batch_tokens < 1):
         _fail(f"train.micro_batch_tokens={t.micro_batch_tokens} is invalid",
               "Use null (micro_batch samples per micro-batch) or a token budget >= 1, e.g. 65536.")
+    if not t.collective_timeout_s > 0:
+        _fail(f"train.collective_timeout_s={t.collective_timeout_s} is invalid",
+              "Use seconds > 0 (default 7200): how long an update rank may wait in one collective.")
     if isinstance(t.logprob_chunk_tokens, bool) or t.logprob_chunk_tokens < 1:
         _fail(f"train.logprob_chunk_tokens={t.logprob_chunk_tokens} is invalid",
               "Use an integer >= 1 (default 1024 positions per chunk).")

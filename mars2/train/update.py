@@ -13,6 +13,7 @@ import gc
 import importlib
 import io
 import dataclasses
+import datetime
 import math
 import os
 import time
@@ -64,6 +65,7 @@ class UpdateHParams:
     temperature: float = 1.0  # rollout sampling temperature T: the trained policy is softmax(logits / T)
     micro_batch_tokens: int | None = None  # padded tokens per micro-batch (length-bucketed); None = micro_batch samples
     logprob_chunk_tokens: int = 1024  # response positions per chunk of the [tokens × vocab] log-prob computation
+    collective_timeout_s: float = 7200.0  # how long a rank may wait in one collective (saving included)
 
 
 def update_hparams(train, optimizer, *, cycle: int, dtype: str, temperature: float) -> UpdateHParams:
@@ -78,8 +80,9 @@ def update_hparams(train, optimizer, *, cycle: int, dtype: str, temperature: flo
                          seed=train.seed + cycle, temperature=temperature if temperature > 0 else 1.0)
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size) of this process, with torch.distributed ready for DeepSpeed (gloo on CPU, nccl on GPU).
+def init_distributed(timeout_s: float = 7200.0) -> tuple[int, int]:
+    """(rank, world size) of this process, with torch.distributed ready for DeepSpeed (gloo on CPU, nccl on GPU);
+    a rank waits at most ``timeout_s`` in one collective.
 
     Under ``torchrun`` (RANK/WORLD_SIZE/MASTER_* set by the launcher) it joins the launcher's group; alone, it makes
     a one-process group on an in-memory store, so DeepSpeed runs without its launcher and no port is taken (a free
@@ -99,10 +102,11 @@ def init_distributed() -> tuple[int, int]:
         deepspeed = import_deepspeed()
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
         if not launched:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints "... built successfully" for its CPU op
-            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -445,7 +449,7 @@ def update_agent(*, model_dir: str, ref_model_dir: str, prev_ds_dir: str | None,
     select_accelerator()
     import torch.distributed as dist
 
-    rank, world = init_distributed()
+    rank, world = init_distributed(hp.collective_timeout_s)
     device = rank_device(device, world)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
