@@ -420,7 +420,7 @@ class GateConfig:
 
     n_fresh: int = 8
     """fresh programs per agent per problem: each agent's baseline rate (never a parent)."""
-    n_pool: int = 4
+    n_pool: int = 8
     """more fresh programs per agent per problem, on a seed of their own, that supply the parents: a baseline that
     also chose the parents biases Δ (mars2/eval/gate.py)."""
     n_parents: int = 4

@@ -50,7 +50,7 @@ def _grade(jobs):
             for code, _tests, _func in jobs]
 
 
-def simulate_gate(replicate: int, *, lift: float, n_problems: int = 40, n_fresh: int = 8, n_pool: int = 4,
+def simulate_gate(replicate: int, *, lift: float, n_problems: int = 40, n_fresh: int = 8, n_pool: int = 8,
                   n_parents: int = 4, n_boot: int = 400) -> dict[str, str]:
     """One simulated gate on two agents (the gate's default sample sizes); the verdict of each pooled set."""
     rng = np.random.default_rng(10_000 + replicate)
