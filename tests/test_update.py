@@ -120,7 +120,7 @@ def test_ranks_split_every_step_into_equal_numbers_of_micro_batches():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage,chunk", [(0, 1024), (3, 1024), (3, 2)])
+@pytest.mark.parametrize("zero_stage,chunk", [(0, 1024), (3, 2)])
 def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, tmp_path, zero_stage, chunk):
     """ZeRO-3 across the two ranks (weights and optimizer state partitioned, gathered by rank 0 to save) too. With
     log-prob chunks of 2 positions, the two answers (of different lengths) need different numbers of chunks, so the
