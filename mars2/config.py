@@ -856,6 +856,34 @@ def _validate_agents(cfg: RunConfig, cuda_available: bool | None, planning: bool
         check_machine(members, preset=preset, cuda_available=cuda_available)
 
 
+CUDA13_MIN_DRIVER = 580  # CUDA 13.0 needs an NVIDIA driver >= 580; the pinned torch and vllm wheels are built for it
+
+
+def nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
+    """The version of the loaded NVIDIA kernel driver ("535.104.05"), or None where none is loaded."""
+    import re
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
+
+
+def no_cuda_reason(driver: str | None) -> str:
+    """Why torch sees no CUDA device, as far as the driver tells: none loaded, one older than CUDA 13 needs (torch
+    2.13.0 and vllm 0.32.0 from PyPI then simply report no GPU), or neither."""
+    if driver is None:
+        return "no NVIDIA driver is loaded"
+    if int(driver.split(".")[0]) < CUDA13_MIN_DRIVER:
+        return (f"its NVIDIA driver {driver} is older than CUDA 13 needs (>= {CUDA13_MIN_DRIVER}): the pinned torch "
+                "2.13.0 and vllm 0.32.0 wheels are built for CUDA 13 and see no GPU on it; update the driver")
+    return (f"NVIDIA driver {driver} is loaded but torch sees no device (CUDA_VISIBLE_DEVICES, or the container was "
+            "started without GPU access)")
+
+
 def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_available: bool | None = None,
                   stage: str | None = None) -> None:
     """What only the machine that runs a stage can check: the agents' local model folders, the SmolLM2 wheel and CUDA
@@ -881,7 +909,8 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
 
             cuda_available = torch.cuda.is_available()
         if not cuda_available:
-            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has none",
+            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has none: "
+                  f"{no_cuda_reason(nvidia_driver())}",
                   "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
                   "on a CPU box.")
 

@@ -90,7 +90,7 @@ def test_a_gpu_stage_on_a_worker_without_cuda_says_so(tmp_path, monkeypatch):
         pytest.skip("this worker has CUDA")
     (tmp_path / "Qwen3-8B").mkdir()
     member = AgentConfig(name="qwen3_8b", model=str(tmp_path / "Qwen3-8B"), backend="vllm", device="cuda", gpus=8)
-    with pytest.raises(ConfigError, match=r"stage update/qwen3_8b on this worker has none"):
+    with pytest.raises(ConfigError, match=r"stage update/qwen3_8b on this worker has none: .*NVIDIA driver"):
         update_policy.fn(StageContext(root=str(tmp_path)), member, TrainConfig(), {}, None, None, None, 0)
     gone = AgentConfig(name="a", model=str(tmp_path / "nope"), device="cuda")
     with pytest.raises(ConfigError, match=r"does not exist on stage update/a on this worker"):
@@ -114,3 +114,21 @@ def test_a_bare_cuda_device_gets_an_index_for_set_device(monkeypatch):
     assert rank_device("cuda", 1) == "cuda:0" and rank_device("cuda:3", 1) == "cuda:3"
     monkeypatch.setenv("LOCAL_RANK", "2")
     assert rank_device("cuda", 4) == "cuda:2" and rank_device("cpu", 4) == "cpu"
+
+
+def test_a_gpu_machine_without_cuda_says_whether_its_driver_is_too_old_for_cuda_13(tmp_path):
+    """torch 2.13.0 and vllm 0.32.0 from PyPI are built for CUDA 13 (driver >= 580): on an older driver they report no
+    GPU at all, so the refusal reads the loaded driver's version and says which case it is."""
+    from mars2.config import no_cuda_reason, nvidia_driver
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+                   "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    new.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  Sun Jul 27 "
+                   "2025\n")
+    assert nvidia_driver(str(old)) == "535.104.05" and nvidia_driver(str(new)) == "580.65.06"
+    assert nvidia_driver(str(tmp_path / "absent")) is None
+    assert "older than CUDA 13 needs (>= 580)" in no_cuda_reason("535.104.05") and "update the driver" in \
+        no_cuda_reason("535.104.05")
+    assert "torch sees no device" in no_cuda_reason("580.65.06")
+    assert no_cuda_reason(None) == "no NVIDIA driver is loaded"
