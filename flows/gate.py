@@ -1,9 +1,10 @@
 """The refine gate: is refining a failed program better than sampling afresh, for this team on these problems?
 
     python flows/gate.py                                    # the default team (warm-started tiny agents), held out
-    python flows/gate.py gate.split=train gate.n_fresh=8    # more fresh samples per agent, on training problems
+    python flows/gate.py gate.split=train gate.n_fresh=16   # more fresh samples per agent, on training problems
     python flows/gate.py eval.from_run=<mlflow run id>      # the final weights of a train-cycle run
     python flows/gate.py search.detailed_feedback=true      # refine prompts with T+ feedback
+    python flows/gate.py agents=known_team                  # the known-answer team on data=known_answer
 
 Composes the run config (``conf/config.yaml``) with the same overrides the train flow takes; the gate samples as
 the rollout's trees do (``search.*``). The table (``gate.md``), every attempt and the figures go to one MLflow run
