@@ -36,8 +36,10 @@ def test_same_seed_is_identical_different_seeds_differ_and_problem_i_depends_on_
 
 def test_byte_identical_across_processes_and_hash_seeds():
     code = "from tests.test_known_answer import _digest; print(_digest(60, 3))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digests = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": s}, check=True,
-                              capture_output=True, text=True, timeout=120).stdout.strip() for s in ("0", "4242")}
+                              cwd=root, capture_output=True, text=True, timeout=120).stdout.strip()
+               for s in ("0", "4242")}
     assert digests == {_digest(60, 3)}
 
 
