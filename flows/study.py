@@ -219,7 +219,8 @@ def write_results(study: StudyConfig, cfg: RunConfig, parent: str, runs: pd.Data
             text += (f"\n\n### Secondary: seeds as the units\n\nThe same claims with one Δ per run seed (seed s of one "
                      f"arm against seed s of the other, the seeds both arms ran) and a t interval with S − 1 degrees "
                      f"of freedom: the runs are the units, problems are not resampled within a run. Every claim is "
-                     f"conditional on the warm-start weights unless the seed varies them.\n\n{claims_markdown(by_seed)}")
+                     f"conditional on the warm-start weights unless the seed varies them."
+                     f"\n\n{claims_markdown(by_seed)}")
             atomic_write_text(out / "claims_seed_level.csv", by_seed.to_csv(index=False))
     atomic_write_text(out / "study.md", text)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))

@@ -909,8 +909,8 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
 
             cuda_available = torch.cuda.is_available()
         if not cuda_available:
-            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has none: "
-                  f"{no_cuda_reason(nvidia_driver())}",
+            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has "
+                  f"none: {no_cuda_reason(nvidia_driver())}",
                   "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
                   "on a CPU box.")
 

@@ -75,9 +75,10 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
 def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
                      dataset: StageRecord, grading: GradingConfig) -> dict:
     """Fine-tune one owner's initial weights on its data mix (generate examples, and refine examples of faulty
-    variants and of the dataset's wrong readings, graded in the sandbox with ``grading``), then, with ``own_failures``, a second phase that adds its own
-    failed samples as refine examples; writes ``model/`` (complete: with the tokenizer files), ``mix.json`` and the
-    refine cases (problem id, program, public status) as ``faulty.json`` / ``own_failures.json`` into ``out``."""
+    variants and of the dataset's wrong readings, graded in the sandbox with ``grading``), then, with ``own_failures``,
+    a second phase that adds its own failed samples as refine examples; writes ``model/`` (complete: with the tokenizer
+    files), ``mix.json`` and the refine cases (problem id, program, public status) as ``faulty.json`` /
+    ``wrong_readings.json`` / ``own_failures.json`` into ``out``."""
     from rich.progress import Progress
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -51,8 +51,8 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         sandbox = ctx.grading(grading)
         sampling = search_sampling(search, seed=search.seed)
         with stage_progress("gate", "programs", every_s=ctx.progress_every_s) as advance:
-            attempts = gate_attempts(problems, runners, n_fresh=gate.n_fresh, n_pool=gate.n_pool, n_parents=gate.n_parents,
-                                     sampling=sampling, grade=public_grader(sandbox),
+            attempts = gate_attempts(problems, runners, n_fresh=gate.n_fresh, n_pool=gate.n_pool,
+                                     n_parents=gate.n_parents, sampling=sampling, grade=public_grader(sandbox),
                                      detailed_feedback=search.detailed_feedback,
                                      progress=lambda done, total: advance(done, total, phase="generate"))
             release(runners)

@@ -30,7 +30,7 @@ def _digest(n: int, seed: int) -> str:
 def test_same_seed_is_identical_different_seeds_differ_and_problem_i_depends_on_seed_and_i_only():
     assert _digest(40, 0) == _digest(40, 0) != _digest(40, 1)
     assert known_answer_benchmark(10, 0) == known_answer_benchmark(40, 0)[:10]
-    truths = [r["reading"] for r in known_answer_readings(200, 0)], [r["reading"] for r in known_answer_readings(200, 1)]
+    truths = [[r["reading"] for r in known_answer_readings(200, seed)] for seed in (0, 1)]
     assert truths[0] != truths[1]  # the seed redraws which reading is true, not only the inputs
 
 

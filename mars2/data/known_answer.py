@@ -15,12 +15,12 @@ statement, each with its own answer function and reference program; a problem dr
 A program states the detail as one named constant on its first line (``INCLUSIVE = True``, ``IF_NONE = -1``, ...), so
 the readings' programs differ in that constant alone. A failed program with the right algorithm and the wrong
 reading therefore carries what a fresh sample lacks: with two readings its failure names the other one, with three
-the expected output does; and the repair is the same small edit on every template, which a tiny model can learn. This benchmark favours
-refinement **by construction**; it validates the loop (a correct MARS² loop must show refine > fresh there), it is
-not evidence about real models (docs/data.md).
+the expected output does; and the repair is the same one-line edit on every template.
+This benchmark favours refinement **by construction**; it validates the loop (a correct MARS² loop must show refine
+> fresh there), it is not evidence about real models (docs/data.md).
 
 Problem ``i`` depends only on ``(seed, i)``; the template of problem ``i`` is ``perm[i % n_templates]`` and output is
-byte-identical for equal arguments, as for :mod:`mars2.data.toy`, whose row assembly this module shares.
+byte-identical for equal arguments, as for :mod:`mars2.data.toy`, whose helpers and contest dates this module shares.
 """
 
 from __future__ import annotations
@@ -194,9 +194,9 @@ def _stdin(title: str, difficulty: str, detail: str, description: str, output_fo
                       readings=readings, gen=gen, render_input=render_input)
 
 
-def _n_and() -> Callable[..., str]:
+def _n_and(a: list[int], *rest: int) -> str:
     """Input rendering: ``n`` and the scalar arguments on the first line, the list on the second."""
-    return lambda a, *rest: f"{len(a)} {' '.join(map(str, rest))}\n{' '.join(map(str, a))}\n"
+    return f"{len(a)} {' '.join(map(str, rest))}\n{' '.join(map(str, a))}\n"
 
 
 @_template("range_count")
@@ -210,7 +210,7 @@ def _range_count(rng: random.Random) -> _Ambiguous:
                   "n, l, r = map(int, input().split())\na = list(map(int, input().split()))\n"
                   "print(sum(l <= x <= r if INCLUSIVE else l < x < r for x in a))\n"),
         _bounds, "The first line contains n, L and R. The second line contains n integers a_1, ..., a_n.",
-        _n_and())
+        _n_and)
 
 
 @_template("max_position")
@@ -315,7 +315,7 @@ def _kth_smallest(rng: random.Random) -> _Ambiguous:
                                       ("distinct", "with_repeats")),
                   "n, k = map(int, input().split())\na = list(map(int, input().split()))\n"
                   "print(sorted(set(a) if DISTINCT else a)[k - 1])\n"),
-        _with_k, "The first line contains n and k. The second line contains n integers a_1, ..., a_n.", _n_and())
+        _with_k, "The first line contains n and k. The second line contains n integers a_1, ..., a_n.", _n_and)
 
 
 @_template("divide")
@@ -339,7 +339,7 @@ def _find_position(rng: random.Random) -> _Ambiguous:
                                    ("first", "last")),
                   "n, x = map(int, input().split())\na = list(map(int, input().split()))\n"
                   "print(a.index(x) + 1 if FIRST else n - a[::-1].index(x))\n"),
-        _with_x, "The first line contains n and x. The second line contains n integers a_1, ..., a_n.", _n_and())
+        _with_x, "The first line contains n and x. The second line contains n integers a_1, ..., a_n.", _n_and)
 
 
 # --------------------------------------------------------------------------------------------------

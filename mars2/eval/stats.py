@@ -12,8 +12,8 @@ runs were drawn (the seeds, independent between arms). :func:`paired_bootstrap` 
 P problem indices with replacement (shared by A and B) and, per arm, S seeds with replacement, and recomputes Δ; the
 interval is the percentile interval of the replicates. Resampling both levels counts the per-sample noise twice, so
 the interval is conservative when runs barely differ (in simulation: 100% coverage at 1.4× the needed width with no
-run effect; 95% at 1.1× with a run effect of sd 0.03 over 3 seeds). A claim "A > B" then *holds* when the whole interval is above
-zero, *does not hold* when it is below zero, and is *inconclusive* otherwise (:func:`verdict`).
+run effect; 95% at 1.1× with a run effect of sd 0.03 over 3 seeds). A claim "A > B" then *holds* when the whole
+interval is above zero, *does not hold* when it is below zero, and is *inconclusive* otherwise (:func:`verdict`).
 
 Each bootstrap interval carries a two-sided bootstrap p-value, p = min(1, 2·min(share of replicates ≤ 0, share ≥ 0)),
 so that a family of claims can be tested together: :func:`holm` adjusts the p-values of the pre-registered claims
@@ -130,7 +130,8 @@ def seed_level_interval(a, b, *, level: float = 0.95) -> Interval:
 
     a, b = as_runs(a), as_runs(b)
     if a.shape != b.shape:
-        raise ValueError(f"a seed-level interval needs the same seeds and problems in both arms: {a.shape} vs {b.shape}")
+        raise ValueError(f"a seed-level interval needs the same seeds and problems in both arms: "
+                         f"{a.shape} vs {b.shape}")
     if a.shape[0] < 2:
         raise ValueError(f"a seed-level interval needs at least 2 seeds, got {a.shape[0]}")
     deltas = a.mean(axis=1) - b.mean(axis=1)
