@@ -119,14 +119,13 @@ def claim_intervals(per_problem: pd.DataFrame, claims: Sequence, *, n_boot: int 
                      "delta": ci.delta, "low": ci.low, "high": ci.high, "level": level, "verdict": ci.verdict,
                      "p_value": ci.p_value, "family": "exploratory" if claim.exploratory else "pre-registered",
                      "problems": ci.problems, "seeds_better": ci.seeds_a, "seeds_worse": ci.seeds_b})
-    table = pd.DataFrame(rows, columns=CLAIM_COLUMNS[:10] + CLAIM_COLUMNS[12:])
+    table = pd.DataFrame(rows, columns=[c for c in CLAIM_COLUMNS if c not in ("p_holm", "verdict_holm")])
     family = table["family"] == "pre-registered"
     adjusted, rejected = holm(table["p_value"].where(family).to_numpy(), alpha)
-    table.insert(10, "p_holm", adjusted)
-    table.insert(11, "verdict_holm", [
-        (("holds" if d > 0 else "does not hold") if r else "inconclusive") if f else v
-        for d, r, f, v in zip(table["delta"], rejected, family, table["verdict"], strict=True)])
-    return table
+    table["p_holm"] = adjusted
+    table["verdict_holm"] = [(("holds" if d > 0 else "does not hold") if r else "inconclusive") if f else v
+                             for d, r, f, v in zip(table["delta"], rejected, family, table["verdict"], strict=True)]
+    return table[CLAIM_COLUMNS]
 
 
 CLAIM_COLUMNS = ["claim", "metric", "better", "worse", "delta", "low", "high", "level", "verdict", "p_value", "p_holm",
