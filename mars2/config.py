@@ -157,6 +157,9 @@ class AgentConfig:
     gpu_ids: list[int] = field(default_factory=list, metadata={"cache_key": False})
     """the GPUs (indices as the worker sees them) this agent's engines and update use: set at the flow's entry from the
     plan's placement (mars2.plan.placement); a value given here must equal the plan's."""
+    tensor_parallel_size: int | None = field(default=None, metadata={"cache_key": False})
+    """GPUs one of this agent's vLLM engines shards the model over: set at the flow's entry from the plan
+    (backend.tensor_parallel_size when given, else the plan's choice); a value given here must equal the plan's."""
     node: int | None = field(default=None, metadata={"cache_key": False})
     """the node (index into orchestration.node_pools) this agent's engines and update run on: the plan's for an agent
     on GPUs (a value given here must equal it), else the one given; null: node 0. A role sharing weights runs on its
@@ -455,10 +458,11 @@ class BackendConfig:
 
     gpu_memory_utilization: float = 0.85
     """share of each GPU's memory vLLM takes (weights + KV cache)."""
-    tensor_parallel_size: int = 1
-    """GPUs one engine shards the model over."""
+    tensor_parallel_size: int | None = None
+    """GPUs one engine shards the model over; null: the plan picks each GPU agent's (the smallest whose engines hold
+    the rollout's requests at once, else the most of them: docs/plan.md), 1 for agents on the CPU."""
     data_parallel_size: int | None = None
-    """engines (replicas) per agent; null = the agent's gpus // tensor_parallel_size."""
+    """engines (replicas) per agent; null = the agent's gpus // its tensor-parallel size."""
     max_model_len: int = 8192
     """engine context: must hold plan.prompt_tokens + the longest max_new_tokens."""
     enforce_eager: bool = False
@@ -929,15 +933,17 @@ def _require_vllm_cpu(where: str) -> None:
 def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:
     """The ``backend`` group's engine must fit the agent's GPUs and hold a prompt plus the longest response."""
     b = cfg.backend
-    if not 0 < b.gpu_memory_utilization <= 1 or b.tensor_parallel_size < 1 or b.max_model_len < 1:
-        _fail("backend.gpu_memory_utilization must be in (0, 1], backend.tensor_parallel_size and max_model_len >= 1",
-              f"Got {b.gpu_memory_utilization}, {b.tensor_parallel_size} and {b.max_model_len}.")
+    tp = m.tensor_parallel_size or b.tensor_parallel_size
+    if not 0 < b.gpu_memory_utilization <= 1 or (tp is not None and tp < 1) or b.max_model_len < 1:
+        _fail("backend.gpu_memory_utilization must be in (0, 1], the tensor-parallel size and max_model_len >= 1",
+              f"Got {b.gpu_memory_utilization}, {tp} and {b.max_model_len}.")
     gpus = max(1, m.gpus)
-    engines = b.data_parallel_size if b.data_parallel_size is not None else gpus // b.tensor_parallel_size
-    if engines < 1 or engines * b.tensor_parallel_size > gpus:
-        _fail(f"{where}: {engines} vLLM engine(s) at backend.tensor_parallel_size={b.tensor_parallel_size} need "
-              f"{max(engines, 1) * b.tensor_parallel_size} GPUs but the agent has gpus={m.gpus}",
-              "Give the agent more GPUs, or lower backend.tensor_parallel_size / backend.data_parallel_size.")
+    if tp is not None:  # null: the plan picks it at the flow's entry, within the agent's GPUs
+        engines = b.data_parallel_size if b.data_parallel_size is not None else gpus // tp
+        if engines < 1 or engines * tp > gpus:
+            _fail(f"{where}: {engines} vLLM engine(s) at tensor-parallel size {tp} need {max(engines, 1) * tp} GPUs "
+                  f"but the agent has gpus={m.gpus}",
+                  "Give the agent more GPUs, or lower backend.tensor_parallel_size / backend.data_parallel_size.")
     need = cfg.plan.prompt_tokens + max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens)
     if b.max_model_len < need:
         _fail(f"{where}: backend.max_model_len={b.max_model_len} cannot hold a prompt of plan.prompt_tokens="

@@ -112,6 +112,8 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
             raise ConfigError(f"cannot plan the run: {e}") from None
         warn_in_flow_run(f"no resource plan at the flow's entry ({e}); the GPU workers check their own machines")
         return run
+    if cp.fits and cp.chosen:
+        warn_in_flow_run(f"plan: {cp.chosen}", level=logging.INFO)
     for agent in cp.agents:
         for w in agent.warnings:
             warn_in_flow_run(f"plan of {agent.name}: {w}")
@@ -120,13 +122,14 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     return place(run, cp)
 
 
-def warn_in_flow_run(message: str) -> None:
-    """Log a warning about the config once per run: inside the flow run (which forwards it to the Prefect run's logs),
-    not in the command line's check of the same config before the flow starts."""
+def warn_in_flow_run(message: str, level: int = logging.WARNING) -> None:
+    """Log a message about the config (a warning unless ``level`` says otherwise) once per run: inside the flow run
+    (which forwards it to the Prefect run's logs), not in the command line's check of the same config before the flow
+    starts."""
     from prefect.context import FlowRunContext
 
     if FlowRunContext.get() is not None:
-        log.warning(message)
+        log.log(level, message)
 
 
 def load_cfg(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config") -> DictConfig:

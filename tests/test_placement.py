@@ -12,9 +12,11 @@ import pytest
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineError
 from mars2.plan import PlanRefused, plan
-from mars2.plan.placement import owner_gpus, owner_nodes, place
+from mars2.backends.vllm_backend import vllm_engine_args
+from mars2.plan.placement import owner_gpus, owner_nodes, place, require_placeable
+from mars2.plan.planner import _layout
 from mars2.train.launch import launch_environment
-from pipeline.config import compose_run
+from pipeline.config import compose_run, load_cfg, resolve
 from pipeline.dispatch import owner_pools
 from pipeline.engines import EnginePool
 from tasks.update import update_devices
@@ -67,14 +69,20 @@ def test_each_owner_starts_on_the_gpus_its_plan_gives_it(preset, backend, paper_
 
 @pytest.mark.parametrize("preset", [p for p in GPU_PRESETS if p.startswith("heterogeneous")])
 def test_the_papers_one_node_per_agent_layout_needs_a_pool_per_node(preset, paper_data):
-    """Two owners on two nodes: without a work pool per node the entry refuses, naming both layouts that run,
-    instead of a run that fails when the second engine starts; with node pools each owner is placed on its node's
-    GPUs, its update routed to that node's pool and its engine provided there."""
-    with pytest.raises(PlanRefused, match="names a work pool for 1 node") as e:
-        compose_run([f"agents={preset}", "orchestration=pools", *paper_data])
-    message = str(e.value)
-    assert "on node0" in message and "on node1" in message and " ".join(ONE_NODE) in message
-    assert "'orchestration.node_pools=[gpu-node0,gpu-node1]'" in message
+    """Two owners on two nodes need a work pool per node (an engine on another node is a service its pool starts).
+    Without them the run reaches one node: the plan packs the owners onto it, halving their GPUs, and the run uses
+    that layout (GPUs, devices, engines' TP); with node pools each owner is placed on its node's GPUs, its update routed
+    to that node's pool and its engine provided there."""
+    asked = resolve(load_cfg([f"agents={preset}", "orchestration=pools", *paper_data]), planning=True)
+    assert "on nodes of their own do not fit 1 node(s)" in plan(asked).chosen
+    packed = compose_run([f"agents={preset}", "orchestration=pools", *paper_data])
+    cp = plan(packed)
+    assert cp.chosen.endswith("as the preset asks") and place(packed, cp) == packed  # placed: planning again agrees
+    assert [(m.node, m.gpus, m.gpu_ids) for m in packed.agents.members] == [(0, 4, [0, 1, 2, 3]), (0, 4, [4, 5, 6, 7])]
+    for m, a in zip(packed.agents.members, cp.agents, strict=True):
+        engine = vllm_engine_args("/m", m, packed.backend)
+        assert m.tensor_parallel_size == a.rollout.tp == engine.tensor_parallel_size
+        assert engine.data_parallel_size == a.rollout.replicas == 4 // a.rollout.tp
     run = compose_run([f"agents={preset}", "orchestration=pools", *paper_data,
                        "orchestration.node_pools=[gpu-node0,gpu-node1]"])
     cp = plan(run)
@@ -85,13 +93,19 @@ def test_the_papers_one_node_per_agent_layout_needs_a_pool_per_node(preset, pape
     with pytest.raises(PlanRefused, match="node=0 but the plan places it on node 1"):
         compose_run([f"agents={preset}", "orchestration=pools", *paper_data,
                      "orchestration.node_pools=[gpu-node0,gpu-node1]", "agents.members.1.node=0"])
+    with pytest.raises(PlanRefused, match="names a work pool for 1 node"):  # a plan made for other pools
+        place(packed, cp)
 
 
-def test_an_agent_the_plan_spreads_over_two_nodes_is_refused(paper_data):
+def test_an_agent_never_spans_nodes(paper_data):
+    """6 GPUs asked on nodes of 4: the plan halves to 3 + 2, each on one node, and refuses a plan that spans."""
+    run = compose_run(["agents=heterogeneous_8b", "orchestration=pools", *paper_data, "plan.gpus_per_node=4",
+                       "plan.nodes=4", "agents.members.0.gpus=6", "agents.members.1.gpus=4",
+                       "orchestration.node_pools=[a,b,c,d]"])
+    assert [(m.gpus, m.node) for m in run.agents.members] == [(3, 0), (2, 1)]
+    spread = _layout(run, {"qwen3_8b": 6, run.agents.members[1].name: 4}, True, 4)
     with pytest.raises(PlanRefused, match=r"spreads agent\(s\) \['qwen3_8b'\] over several nodes"):
-        compose_run(["agents=heterogeneous_8b", "orchestration=pools", *paper_data, "plan.gpus_per_node=4",
-                     "plan.nodes=4", "agents.members.0.gpus=6", "agents.members.1.gpus=4",
-                     "orchestration.node_pools=[a,b,c,d]"])
+        require_placeable(spread, ["a", "b", "c", "d"])
 
 
 def test_engines_and_updates_map_the_plans_gpus_through_the_workers_own_visible_devices(paper_data, monkeypatch):

@@ -120,20 +120,64 @@ def test_deepspeed_estimators_against_the_hand_formulas():
     assert two_nodes.gpu_bytes == 4 * largest + int(18 * p / 16)
 
 
+POOLS = ("orchestration=pools", "orchestration.node_pools=[gpu-node0,gpu-node1]")
+
+
 def test_heterogeneous_32b_plan_fits_the_papers_cluster_one_node_per_agent(no_models):
-    cp = require_fit(_plan("agents=heterogeneous_32b"))
+    cp = require_fit(_plan("agents=heterogeneous_32b", *POOLS))
     assert [a.shape.name for a in cp.agents] == ["Qwen3-32B", "AReaL-boba-2-32B"]
     assert all(a.shape.params == QWEN3_32B for a in cp.agents)
+    assert cp.chosen.endswith(": as the preset asks")
     for node, a in enumerate(cp.agents):
         assert a.profile.stage == 3 and a.profile.offload_optimizer and a.gpus == 8
         assert [str(s) for s in a.update_spans] == [f"node{node}:GPU0-7"] == [str(s) for s in a.rollout.spans]
-        # MARTI's engines: one per GPU (TP 1), 0.75 of an H200 each; each engine may get up to 512/8 trees' requests at once
-        assert (a.rollout.tp, a.rollout.replicas, a.rollout.kv.needed_seqs) == (1, 8, 64)
-        assert a.rollout.kv.max_seqs >= 1
+        assert a.rollout.replicas == 8 // a.rollout.tp and a.rollout.kv.needed_seqs == 512 // a.rollout.replicas
         assert a.update.states.gpu_bytes == 4 * QWEN3_32B_LARGEST + int(2 * QWEN3_32B / 8)
         assert a.update.reference_bytes == QWEN3_32B * 2 // 8
         assert a.update.gpu_bytes < 141 * GB and a.gpus_min is not None and a.gpus_min <= 8
     assert cp.used_gpus == 16 and cp.total_gpus == 24
+
+
+def _held(kv, replicas: int, demand: int) -> int:
+    """Requests an agent's engines hold at once (none where an engine cannot start)."""
+    return min(replicas * kv.max_seqs, demand) if kv.per_gpu_bytes > 0 and kv.tokens >= 40000 else 0
+
+
+@pytest.mark.parametrize("gpu", [("H200", 141), ("H100", 80)])
+def test_the_plan_picks_the_smallest_tensor_parallel_size_whose_engines_hold_the_most_requests(gpu, no_models):
+    """On 8 GPUs each candidate TP's engines are sized by the same KV arithmetic; the plan's TP holds the most of the
+    rollout's 512 in-flight requests at once, and no smaller TP holds as many. TP 1 cannot even start a 32B engine
+    on an 80 GB GPU (61 GB of weights under 0.75 x 80 GB)."""
+    from mars2.plan.planner import rollout_plan
+
+    over = ("agents=heterogeneous_32b", *POOLS, f"plan.gpu_name={gpu[0]}", f"plan.gpu_memory_gb={gpu[1]}")
+    run = resolve(load_cfg(list(over)), planning=True)
+    a = require_fit(plan(run)).agents[0]
+    member = run.agents.members[0]
+    held = {t: _held(r.kv, r.replicas, 512) for t in (1, 2, 4, 8)
+            for r in [rollout_plan(a.shape, member, run, n=8, dtype_bytes=2, seq_len=a.rollout.kv.seq_len, tp=t)]}
+    assert held[a.rollout.tp] == max(held.values()) > 0
+    assert all(held[t] < held[a.rollout.tp] for t in held if t < a.rollout.tp)
+    if gpu[0] == "H100":
+        assert held[1] == 0 and a.rollout.tp >= 2
+    fixed = _plan(*over, "backend.tensor_parallel_size=2").agents[0].rollout
+    assert (fixed.tp, fixed.replicas) == (2, 4)  # a size the config gives is kept
+
+
+@pytest.mark.parametrize("cluster", [
+    ("plan.nodes=1",),  # one node of 8 H200
+    ("plan.nodes=2", "plan.gpu_name=H100", "plan.gpu_memory_gb=80"),  # two nodes of 8 H100
+    (),  # the default cluster: 3 nodes of 8 H200, no work pool per node
+])
+def test_the_headline_preset_fits_one_node_of_the_cluster_it_is_given(cluster, no_models):
+    """Without a work pool per node the run reaches one node: the preset's 8 + 8 GPUs on nodes of their own do not fit
+    it, so the plan takes the largest halving that does, 4 + 4 packed on node0, and says so in one line."""
+    cp = require_fit(_plan("agents=heterogeneous_32b", *cluster))
+    assert [(a.gpus, [str(s) for s in a.update_spans]) for a in cp.agents] == [(4, ["node0:GPU0-3"]),
+                                                                              (4, ["node0:GPU4-7"])]
+    assert all(a.rollout.replicas * a.rollout.tp == 4 for a in cp.agents)
+    assert "the preset's 8 + 8 GPUs on nodes of their own do not fit 1 node(s)" in cp.chosen
+    assert ("a run reaches one node per work pool" in cp.chosen) == (cluster != ("plan.nodes=1",)), cp.chosen
 
 
 @pytest.mark.parametrize("preset", ["single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b"])
@@ -164,24 +208,26 @@ def test_tiny_cpu_plans_on_cpu():
 
 
 def test_zero0_on_one_gpu_for_32b_is_refused_with_the_reason(no_models):
-    cp = _plan("agents=heterogeneous_32b", "agents.members.0.gpus=1", "agents.members.0.deepspeed=zero0_cpu")
+    cp = _plan("agents=heterogeneous_32b", *POOLS, "agents.members.0.gpus=1", "agents.members.0.deepspeed=zero0_cpu")
     assert not cp.fits and cp.agents[1].fits
     with pytest.raises(PlanRefused, match=r"agent 'qwen3_32b': the update needs .* per GPU .*ZeRO-0.*fits on no "
                                           r"number of GPUs"):
         require_fit(cp)
 
 
-def test_not_enough_nodes_is_refused(no_models):
-    cp = _plan("agents=heterogeneous_32b", "plan.nodes=1")
-    assert cp.agents[0].fits and not cp.agents[1].fits
-    assert "no room" in cp.refusal()
+def test_not_enough_gpus_is_refused(no_models):
+    """Two agents and one GPU: no halving of the preset's layout fits; the refusal keeps the preset's reasons."""
+    cp = _plan("agents=heterogeneous_32b", "plan.nodes=1", "plan.gpus_per_node=1")
+    assert not cp.fits and not cp.chosen and "no room" in cp.refusal()
+    far = _plan("agents=heterogeneous_32b", "plan.gpus_per_node=1")  # 3 nodes, but the run reaches one
+    assert "the run reaches 1 node(s) of 1 H200 (of the cluster's 3" in far.refusal()
 
 
 def test_node_per_agent_gives_each_agent_its_own_node(no_models):
     two = ["agents.members.0.gpus=2", "agents.members.1.gpus=2"]
     packed = _plan("agents=heterogeneous_8b", "plan.node_per_agent=false", *two)
     assert [str(a.update_spans[0]) for a in packed.agents] == ["node0:GPU0-1", "node0:GPU2-3"]
-    own = _plan("agents=heterogeneous_8b", *two)  # the paper's layout, the preset's default
+    own = _plan("agents=heterogeneous_8b", *two, *POOLS)  # the paper's layout, the preset's default
     assert [str(a.update_spans[0]) for a in own.agents] == ["node0:GPU0-1", "node1:GPU0-1"]
 
 
@@ -212,26 +258,18 @@ def _cli(*args, tmp_path):
 
 
 def test_cli_prints_the_32b_plan_without_prefect_or_mlflow(tmp_path):
-    """The paper's layout (one node per agent) fits the cluster, but a run without a work pool per node would refuse
-    it. Both suggested layouts, a pool per node and one node, are planned and accepted."""
+    """The headline command exits 0 on the default cluster, with the layout it chose in one line; with a work pool
+    per node it keeps the paper's layout, one node per agent."""
     out = _cli("agents=heterogeneous_32b", tmp_path=tmp_path)
-    assert out.returncode == 1, out.stderr[-3000:]
-    for needle in ("Qwen3-32B", "AReaL-boba-2-32B", "32.76 B (32,762,123,264)", "public 32.8 B", "ZeRO-3+opt→cpu",
-                   "node0:GPU0-7", "node1:GPU0-7", "plan: fits"):
-        assert needle in out.stdout, needle
-    assert "LOADED ['deepspeed', 'torch']" in out.stderr  # DeepSpeed's estimators ran; Prefect and MLflow never loaded
-    refusal = next(ln for ln in out.stderr.splitlines() if ln.startswith("mars2: the plan fits the cluster, but a run "
-                                                                           "would be refused"))
-    assert "qwen3_32b on node0, areal_32b on node1" in refusal
-    fix = refusal.split("e.g. ")[1].split(" (python flows/plan.py")[0].split()
-    assert fix == ["plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4"]
-    out = _cli("agents=heterogeneous_32b", *fix, tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "node0:GPU0-3" in out.stdout and "node0:GPU4-7" in out.stdout and "plan: fits" in out.stdout
-    pools = refusal.split("Run on 2 nodes with ")[1].split(" (a worker per node)")[0].replace("'", "").split()
-    assert pools == ["orchestration=pools", "orchestration.node_pools=[gpu-node0,gpu-node1]"]
-    out = _cli("agents=heterogeneous_32b", *pools, tmp_path=tmp_path)
-    assert out.returncode == 0 and "node1:GPU0-7" in out.stdout and "would be refused" not in out.stderr, out.stderr
+    for needle in ("Qwen3-32B", "AReaL-boba-2-32B", "32.76 B (32,762,123,264)", "public 32.8 B", "ZeRO-3+opt→cpu",
+                   "node0:GPU0-3", "node0:GPU4-7", "plan: fits"):
+        assert needle in out.stdout, needle
+    chosen = " ".join(out.stdout.split("chosen: ")[1].split("plan: fits")[0].split())
+    assert chosen.startswith("qwen3_32b 4 GPU(s) node0:GPU0-3") and "do not fit 1 node(s) of 8 H200" in chosen
+    assert "LOADED ['deepspeed', 'torch']" in out.stderr  # DeepSpeed's estimators ran; Prefect and MLflow never loaded
+    out = _cli("agents=heterogeneous_32b", *POOLS, tmp_path=tmp_path)
+    assert out.returncode == 0 and "node1:GPU0-7" in out.stdout and "as the preset asks" in out.stdout, out.stderr
 
 
 def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
@@ -245,17 +283,18 @@ def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
 def test_the_plan_is_the_update_the_engine_builds(no_models):
     """ZeRO-3 under zero.Init, the reference scored first and freed, the vocabulary projection in chunks: a 32B agent's
     update at the paper's 36K-token sequences fits an 80 GB GPU (its rollout needs TP 2 there)."""
-    cp = _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2")
+    cp = _plan("agents=heterogeneous_32b", *POOLS, "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2")
     a = cp.agents[0]
     assert cp.fits and a.rollout.tp == 2 and a.rollout.replicas == 4
     u = a.update
     assert u.gpu_bytes == max(u.training_bytes, u.reference_phase_bytes) < 80 * GB
     assert u.training_bytes == u.states.gpu_bytes + u.activation_bytes + u.reserved_bytes  # no reference beside it
     # the chunked projection: a 4x longer chunk costs 4x the logits block, not the sequence x vocab tensor
-    chunked = _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2",
+    chunked = _plan("agents=heterogeneous_32b", *POOLS, "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=2",
                     "train.logprob_chunk_tokens=4096").agents[0].update.activation_bytes
     assert 0 < chunked - u.activation_bytes <= 1.25 * 3 * 1024 * 151_936 * 20 + 1
-    assert not _plan("agents=heterogeneous_32b", "plan.gpu_memory_gb=80").fits  # TP 1: 61 GB of weights per GPU
+    tp1 = _plan("agents=heterogeneous_32b", *POOLS, "plan.gpu_memory_gb=80", "backend.tensor_parallel_size=1")
+    assert not tp1.fits and "leave no KV cache" in tp1.refusal()  # TP 1: 61 GB of weights per GPU
 
 
 def test_transformers_on_a_gpu_is_sized_with_the_engines_spare_kv_columns(no_models):

@@ -41,11 +41,19 @@ class VLLMEngineArgs:
     seed: int = 0
 
 
+def engine_tp(member, backend) -> int:
+    """An agent's tensor-parallel size: the plan's (``member.tensor_parallel_size``, set at the flow's entry), else
+    ``backend.tensor_parallel_size``, else 1 (an unplanned agent: on the CPU, or a model only the workers have)."""
+    return member.tensor_parallel_size or backend.tensor_parallel_size or 1
+
+
 def vllm_engine_args(model_dir: str, member, backend) -> VLLMEngineArgs:
-    """An agent's engine from the ``backend`` group (:class:`mars2.config.BackendConfig`): TP size, replicas (default:
-    the agent's GPUs // TP), memory share, context length, eager mode, prefix caching; dtype from the agent."""
-    replicas = backend.data_parallel_size or max(1, max(1, member.gpus) // backend.tensor_parallel_size)
-    return VLLMEngineArgs(model=model_dir, tensor_parallel_size=backend.tensor_parallel_size,
+    """An agent's engine from the ``backend`` group (:class:`mars2.config.BackendConfig`): TP size
+    (:func:`engine_tp`), replicas (default: the agent's GPUs // TP), memory share, context length, eager mode, prefix
+    caching; dtype from the agent."""
+    tp = engine_tp(member, backend)
+    replicas = backend.data_parallel_size or max(1, max(1, member.gpus) // tp)
+    return VLLMEngineArgs(model=model_dir, tensor_parallel_size=tp,
                           data_parallel_size=replicas, gpu_memory_utilization=backend.gpu_memory_utilization,
                           max_model_len=backend.max_model_len, enforce_eager=backend.enforce_eager,
                           enable_prefix_caching=backend.enable_prefix_caching, dtype=member.dtype)

@@ -1,15 +1,15 @@
 """The plan's placement made the runtime's: which node and GPUs each weight owner's engines and update use.
 
-:func:`mars2.plan.plan` assigns every CUDA agent a span of GPUs on one node (``AgentPlan.update_spans``; its vLLM
-engines use the same span, a transformers engine its first GPU). :func:`place` writes the node and those GPUs into
-``AgentConfig.node`` and ``gpu_ids`` at the flow's entry; the stages start each engine and update on that node's
-work pool (``orchestration.node_pools``) with ``CUDA_VISIBLE_DEVICES`` = exactly those GPUs (:func:`visible_devices`),
-so two owners never land on the same devices.
+:func:`mars2.plan.plan` assigns every CUDA agent a number of GPUs, a span of them on one node
+(``AgentPlan.update_spans``; its vLLM engines use the same span, a transformers engine its first GPU) and its engines'
+tensor-parallel size. :func:`place` writes them into ``AgentConfig.gpus``, ``node``, ``gpu_ids`` and
+``tensor_parallel_size`` at the flow's entry; the stages start each engine and update on that node's work pool
+(``orchestration.node_pools``) with ``CUDA_VISIBLE_DEVICES`` = exactly those GPUs (:func:`visible_devices`), so two
+owners never land on the same devices.
 
 One tree search generates with every agent's engine at once. Engines on other nodes than the generating stage's are
-node services reached over TCP, which needs a work pool per node: a run whose plan puts agents on more nodes than
-``orchestration.node_pools`` names is refused (:func:`require_placeable`) with the layouts that would run, rather
-than failing at an engine's start.
+node services reached over TCP, which needs a work pool per node: the plan only uses the nodes the run reaches
+(:func:`mars2.plan.planner.reachable_nodes`), and :func:`require_placeable` refuses a plan made for other pools.
 """
 
 from __future__ import annotations
@@ -32,38 +32,40 @@ def owner_nodes(cp: ClusterPlan) -> dict[str, int]:
 
 def require_placeable(cp: ClusterPlan, node_pools: list[str] | tuple[str, ...] = ()) -> None:
     """:class:`~mars2.plan.PlanRefused` unless each agent's GPUs are on one node and every node the plan uses beyond
-    node 0 has a work pool in ``node_pools`` (see the module docstring)."""
+    node 0 has a work pool in ``node_pools``. :func:`mars2.plan.plan` only returns such layouts (it plans on the
+    nodes the run reaches); this guards a plan made for other pools than the run's."""
     nodes = {a.name: sorted({s.node for s in a.update_spans}) for a in cp.agents if a.update_spans}
     split = [name for name, ns in nodes.items() if len(ns) > 1]
     if split:
         raise PlanRefused(f"agents={cp.preset}: the plan spreads agent(s) {split} over several nodes, but one agent's "
                           f"update and engine run on one node of {cp.cluster.gpus_per_node} GPUs: lower their "
                           "agents.members.N.gpus")
-    used = {n for ns in nodes.values() for n in ns}
-    if max(used, default=0) < max(1, len(node_pools)):
-        return
-    where = ", ".join(f"{name} on node{ns[0]}" for name, ns in nodes.items())
-    gpus = sum(a.gpus for a in cp.agents)
-    per = max(1, cp.cluster.gpus_per_node // max(1, len(nodes)))
-    fix = " ".join(f"agents.members.{i}.gpus={per}" for i, a in enumerate(cp.agents) if a.update_spans)
-    pools = ",".join(f"gpu-node{n}" for n in range(max(used) + 1))
-    raise PlanRefused(
-        f"agents={cp.preset}: the plan places {where}, but the run names a work pool for "
-        f"{max(1, len(node_pools))} node(s) (orchestration.node_pools={list(node_pools)}): the rollout reaches an "
-        f"engine on another node through a service that node's pool starts (docs/plan.md, 'Placement'). Run on "
-        f"{max(used) + 1} nodes with orchestration=pools 'orchestration.node_pools=[{pools}]' (a worker per node), "
-        f"or on one node: the {gpus} GPUs asked for do not fit one node of {cp.cluster.gpus_per_node}, e.g. "
-        f"plan.node_per_agent=false {fix} (python flows/plan.py with the same overrides shows whether it fits).")
+    used = max((n for ns in nodes.values() for n in ns), default=0)
+    if used >= max(1, len(node_pools)):
+        raise PlanRefused(f"agents={cp.preset}: the plan places an agent on node{used}, but the run names a work pool "
+                          f"for {max(1, len(node_pools))} node(s) (orchestration.node_pools={list(node_pools)}): the "
+                          "rollout reaches an engine on another node through a service that node's pool starts "
+                          "(docs/plan.md, 'Placement'); plan with the run's own orchestration settings")
 
 
 def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
-    """``run`` with each CUDA member's ``node`` and ``gpu_ids`` set to its owner's in ``cp`` (a role sharing weights
-    takes its owner's). A member whose ``node`` or ``gpu_ids`` were given must match the plan's
-    (:class:`~mars2.plan.PlanRefused`)."""
+    """``run`` with each CUDA member's ``gpus``, ``node``, ``gpu_ids`` and (vLLM) ``tensor_parallel_size`` set to its
+    owner's in ``cp`` (a role sharing weights takes its owner's), and ``plan.node_per_agent`` to the layout's: the run
+    uses the layout the plan chose, and planning it again gives the same. A member whose
+    ``node`` or ``gpu_ids`` were given must match the plan's, and one whose ``update_procs`` was given must fit the
+    plan's GPUs (:class:`~mars2.plan.PlanRefused`)."""
     require_placeable(cp, run.orchestration.node_pools)
     gpus, nodes = owner_gpus(cp), owner_nodes(cp)
+    planned = {a.name: a for a in cp.agents}
     members = []
     for m in run.agents.members:
+        a = planned.get(m.owner)
+        if a is not None and a.device == "cuda":
+            if m.update_procs is not None and m.update_procs > a.gpus:
+                raise PlanRefused(f"agent {m.name!r}: update_procs={m.update_procs} but the plan gives it {a.gpus} "
+                                  f"GPU(s) ({cp.chosen}); leave agents.members.N.update_procs unset or give the "
+                                  "cluster more GPUs")
+            m = replace(m, gpus=a.gpus, tensor_parallel_size=a.rollout.tp if a.rollout.backend == "vllm" else None)
         ids = gpus.get(m.owner, []) if m.device.startswith("cuda") else []
         node = nodes.get(m.owner, m.node) if m.device.startswith("cuda") else m.node
         if m.node is not None and m.node != node:
@@ -77,7 +79,8 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
                               "leave agents.members.N.gpu_ids unset (the plan sets it) or change the plan "
                               "(plan.node_per_agent, agents.members.N.gpus)")
         members.append(replace(m, gpu_ids=ids, node=node))
-    return replace(run, agents=replace(run.agents, members=members))
+    return replace(run, agents=replace(run.agents, members=members),
+                   plan=replace(run.plan, node_per_agent=cp.node_per_agent))  # planning the placed run again: same
 
 
 __all__ = ["owner_gpus", "owner_nodes", "place", "require_placeable"]

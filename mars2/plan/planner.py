@@ -135,6 +135,8 @@ class ClusterPlan:
     used_gpus: int
     gpu_memory_utilization: float  # vLLM's share of each GPU (backend.gpu_memory_utilization)
     reasons: list[str] = field(default_factory=list)  # cluster-level (host memory, not enough GPUs)
+    node_per_agent: bool = False  # the layout's: each agent on nodes of its own (else packed)
+    chosen: str = ""  # one line: the layout and tensor-parallel sizes :func:`plan` chose, and why ("": no GPU agent)
 
     @property
     def total_gpus(self) -> int:
@@ -210,14 +212,58 @@ def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype
                         reserved_bytes=reserved)
 
 
+def given_tp(member: AgentConfig, cfg: RunConfig) -> int | None:
+    """The tensor-parallel size the config fixes (the member's, else ``backend.tensor_parallel_size``); None: the
+    plan picks it (:func:`choose_tp`)."""
+    return member.tensor_parallel_size or cfg.backend.tensor_parallel_size
+
+
+def tp_candidates(shape: ModelShape, n: int, gpus_per_node: int) -> list[int]:
+    """Tensor-parallel sizes an engine of ``n`` GPUs can take: powers of two that divide ``n`` and the attention
+    heads, whose KV heads they divide or replicate evenly, within one node."""
+    out, t = [], 1
+    while t <= min(n, gpus_per_node):
+        if n % t == 0 and shape.num_heads % t == 0 and (shape.num_kv_heads % t == 0 or t % shape.num_kv_heads == 0):
+            out.append(t)
+        t *= 2
+    return out or [1]
+
+
+def choose_tp(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
+              seq_len: int) -> int:
+    """The tensor-parallel size of the agent's vLLM engines on ``n`` GPUs: the config's (:func:`given_tp`), else the
+    smallest of :func:`tp_candidates` whose engines start and together hold the rollout's requests at once; where none
+    does, the one that holds the most of them, ties to the smaller:
+
+        TP = min argmax_t min(replicas(t) · max_seqs(t), in_flight),   replicas(t) = n // t
+
+    (an engine whose weights leave no room for one ``max_model_len`` sequence holds none). Decoding is bound by
+    memory traffic: an engine that holds more sequences at once makes more tokens per pass over its weights, so
+    when TP 1 leaves room for a handful, a wider engine is faster for the same GPUs."""
+    fixed = given_tp(member, cfg)
+    if fixed is not None:
+        return fixed
+    demand = in_flight(cfg)
+    best, held_best = 1, -1
+    for t in tp_candidates(shape, n, cfg.plan.gpus_per_node):
+        roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len, tp=t)
+        kv = roll.kv
+        starts = kv is not None and kv.per_gpu_bytes > 0 and kv.tokens >= (roll.max_model_len or seq_len)
+        held = min(roll.replicas * kv.max_seqs, demand) if starts else 0
+        if held > held_best:
+            best, held_best = t, held
+    return best
+
+
 def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
-                 seq_len: int) -> RolloutPlan:
-    """Generation memory of the engines ``load_backend`` starts: vLLM with TP = ``backend.tensor_parallel_size`` and
-    ``n // TP`` replicas (or ``backend.data_parallel_size``), or transformers on the agent's first GPU."""
+                 seq_len: int, tp: int | None = None) -> RolloutPlan:
+    """Generation memory of the engines ``load_backend`` starts: vLLM with tensor-parallel size ``tp`` (default: the
+    config's, else 1) and ``n // tp`` replicas (or ``backend.data_parallel_size``), or transformers on the agent's
+    first GPU."""
     p, weights = cfg.plan, shape.params * dtype_bytes
     gpu_bytes = int(p.gpu_memory_gb * GB)
     if member.backend == "vllm":
-        tp = cfg.backend.tensor_parallel_size
+        tp = tp or given_tp(member, cfg) or 1
         replicas = cfg.backend.data_parallel_size or max(1, n // tp)
         kv = vllm_kv_budget(weights_bytes=weights, gpu_bytes=gpu_bytes, utilization=cfg.backend.gpu_memory_utilization,
                             tp=tp, layers=shape.num_layers, kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
@@ -291,7 +337,9 @@ def _evaluate(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: D
     on_gpu = member.device.startswith("cuda")
     upd = update_memory(shape, profile, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len,
                         train=cfg.train, p=cfg.plan, on_gpu=on_gpu)
-    roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len)
+    tp = choose_tp(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len) \
+        if on_gpu and member.backend == "vllm" else None
+    roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len, tp=tp)
     reasons, warnings = _check(shape, member, profile, upd, roll, cfg.plan, n)
     if on_gpu and upd.cpu_bytes > cfg.plan.cpu_memory_gb * GB:
         reasons.append(f"{profile.label} needs {_gb(upd.cpu_bytes)} GB host memory per node "
@@ -357,11 +405,84 @@ def one_gpu_zero2_hint(shape: ModelShape, member: AgentConfig, index: int, cfg: 
     return []
 
 
+def reachable_nodes(cfg: RunConfig) -> int:
+    """Nodes a run can place agents on: node 0, and one more per work pool ``orchestration.node_pools`` names beyond
+    the first (an engine on another node is a service that node's pool starts), at most ``plan.nodes``."""
+    return max(1, min(cfg.plan.nodes, len(cfg.orchestration.node_pools)))
+
+
 def plan(cfg: RunConfig) -> ClusterPlan:
-    """The resource plan of ``cfg`` on the cluster ``cfg.plan`` describes (see the module docstring)."""
+    """The resource plan of ``cfg`` on the nodes of the cluster ``cfg.plan`` describes that the run reaches
+    (:func:`reachable_nodes`): the preset's layout (each agent's ``gpus``, ``plan.node_per_agent``) where it fits,
+    else the first that fits of the preset's GPU counts halved, quartered, ... (at least 1), a node per agent first
+    where the preset asks for it, then packed; else the preset's layout with its reasons. Each vLLM agent's
+    tensor-parallel size is :func:`choose_tp`'s. ``ClusterPlan.chosen`` says in one line what was chosen and why."""
+    nodes = reachable_nodes(cfg)
+    cuda = [m for m in cfg.agents.owners if m.device.startswith("cuda")]
+    asked = {m.name: max(1, m.gpus) for m in cuda}
+    given = _layout(cfg, asked, cfg.plan.node_per_agent, nodes)
+    if not cuda or (given.fits and not _split(given)):
+        given.chosen = _chosen(given, "as the preset asks") if cuda else ""
+        return given
+    k, halved = 2, None
+    while True:
+        gpus = {name: max(1, g // k) for name, g in asked.items()}
+        for per_agent in dict.fromkeys((cfg.plan.node_per_agent, False)):
+            cp = _layout(cfg, gpus, per_agent, nodes)
+            halved = halved or (cp if not per_agent else None)
+            if cp.fits and not _split(cp):
+                cp.chosen = _chosen(cp, f"the preset's {_gpu_counts(asked)} GPUs"
+                                        f"{' on nodes of their own' if cfg.plan.node_per_agent else ''} do not fit "
+                                        f"{_reach(cfg, nodes)}")
+                return cp
+        if all(g == 1 for g in gpus.values()):
+            break
+        k *= 2
+    if halved is not None:
+        why = [f"{a.name}: {a.reasons[0]}" for a in halved.agents if a.reasons] + halved.reasons
+        given.reasons.append(f"packed as {_gpu_counts({a.name: a.gpus for a in halved.agents if a.device == 'cuda'})}"
+                             f" GPUs it does not fit either ({'; '.join(why)})")
+    if nodes < cfg.plan.nodes:
+        given.reasons.append(f"the run reaches {_reach(cfg, nodes)}")
+    return given
+
+
+def _split(cp: ClusterPlan) -> bool:
+    """Whether an agent's GPUs span nodes (one agent's update and engines run on one node)."""
+    return any(len({s.node for s in a.update_spans}) > 1 for a in cp.agents)
+
+
+def _gpu_counts(gpus: dict[str, int]) -> str:
+    return " + ".join(str(g) for g in gpus.values())
+
+
+def _reach(cfg: RunConfig, nodes: int) -> str:
+    p = cfg.plan
+    where = f"{nodes} node(s) of {p.gpus_per_node} {p.gpu_name}"
+    if nodes < p.nodes:
+        where += (f" (of the cluster's {p.nodes}: a run reaches one node per work pool in orchestration.node_pools, "
+                  f"which names {len(cfg.orchestration.node_pools)})")
+    return where
+
+
+def _chosen(cp: ClusterPlan, why: str) -> str:
+    """One line: each GPU agent's GPUs, node, engines and tensor-parallel size, and why this layout."""
+    parts = []
+    for a in cp.agents:
+        if a.device != "cuda":
+            continue
+        where = ",".join(str(s) for s in a.update_spans)
+        engines = (f"{a.rollout.replicas} engine(s) x TP {a.rollout.tp}" if a.rollout.backend == "vllm"
+                   else "transformers")
+        parts.append(f"{a.name} {a.gpus} GPU(s) {where} ({engines})")
+    return "; ".join(parts) + f": {why}"
+
+
+def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: int) -> ClusterPlan:
+    """The plan of one layout: CUDA owner ``name`` on ``gpus[name]`` GPUs of the first ``nodes`` nodes."""
     p = cfg.plan
     seq_len = p.prompt_tokens + cfg.search.max_new_tokens
-    free = [[True] * p.gpus_per_node for _ in range(p.nodes)]
+    free = [[True] * p.gpus_per_node for _ in range(nodes)]
     members = cfg.agents.members
     agents: list[AgentPlan] = []
     node_host: dict[int, int] = {}
@@ -372,7 +493,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
         dtype_bytes = DTYPE_BYTES[m.dtype]
         profile = deepspeed_profile(cfg, m)
         on_gpu = m.device.startswith("cuda")
-        n = max(1, m.gpus) if on_gpu else 0
+        n = gpus[m.name] if on_gpu else 0
         upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len)
         if on_gpu and n == 1 and not reasons:
             warnings += one_gpu_zero2_hint(shape, m, members.index(m), cfg, profile, dtype_bytes, seq_len)
@@ -386,11 +507,11 @@ def plan(cfg: RunConfig) -> ClusterPlan:
                            f"of this cluster")
         spans: list[Span] = []
         if on_gpu:
-            spans = _place(n, free, p.node_per_agent) or []
+            spans = _place(n, free, node_per_agent) or []
             if not spans:
                 left = sum(map(sum, free))
-                where = "on nodes of its own" if p.node_per_agent or n > p.gpus_per_node else "on one node"
-                reasons.append(f"no room: it needs {n} GPU(s) {where} but {left} of {p.nodes * p.gpus_per_node} "
+                where = "on nodes of its own" if node_per_agent or n > p.gpus_per_node else "on one node"
+                reasons.append(f"no room: it needs {n} GPU(s) {where} but {left} of {nodes * p.gpus_per_node} "
                                "GPUs are left")
             for node in sorted({s.node for s in spans}):
                 node_host[node] = node_host.get(node, 0) + upd.cpu_bytes
@@ -409,7 +530,8 @@ def plan(cfg: RunConfig) -> ClusterPlan:
                if b > host and max(node_agents[node]) <= host]
     used = sum(a.gpus for a in agents if a.update_spans)
     return ClusterPlan(cluster=p, preset=cfg.agents.preset, agents=agents, node_host_bytes=node_host, used_gpus=used,
-                       gpu_memory_utilization=cfg.backend.gpu_memory_utilization, reasons=reasons)
+                       gpu_memory_utilization=cfg.backend.gpu_memory_utilization, reasons=reasons,
+                       node_per_agent=node_per_agent)
 
 
 def _zero_options(shape: ModelShape, gpus: int, p: PlanConfig) -> dict[str, int]:

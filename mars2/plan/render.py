@@ -134,6 +134,8 @@ def footer(cp: ClusterPlan) -> Text:
     out = Text(line)
     for r in cp.reasons:
         out.append("\n" + r, style="bold red")
+    if cp.fits and cp.chosen:
+        out.append(f"\nchosen: {cp.chosen}")
     out.append("\nplan: " + ("fits" if cp.fits else "DOES NOT FIT"), style="bold green" if cp.fits else "bold red")
     return out
 
