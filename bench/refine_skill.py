@@ -30,6 +30,8 @@ import torch
 
 from mars2.backends.base import SamplingParams
 from mars2.backends.transformers_backend import TransformersBackend
+from mars2.data.known_answer import known_answer_counterfactuals
+from mars2.data.lcb import problem_from_lcb_row
 from mars2.data.sources import build_dataset
 from mars2.models.tiny import build_tiny_model, train_tokenizer
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
@@ -51,6 +53,9 @@ def main() -> None:
                     help="first train this many steps to copy random token strings (a copy curriculum)")
     ap.add_argument("--rename", action="store_true",
                     help="give each problem's constant a name of its own (FIRST -> FIRST_7): a refinement must copy it")
+    ap.add_argument("--both-ways", action="store_true",
+                    help="also show each training problem pinned to another reading, its true program as the parent")
+    ap.add_argument("--refine-only", action="store_true", help="train on the refine examples alone")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
 
@@ -59,6 +64,7 @@ def main() -> None:
         seed=0, split="hash", eval_fraction=0.25, split_date=None, eval_ids_file=None, eval_source=None,
         eval_path=None, eval_release=None, eval_start_date=None, eval_end_date=None, reject_fatal=True))
     refs, wrong = ds.reference_solutions, ds.wrong_readings
+    counterfactuals = known_answer_counterfactuals(a.n_problems, 0)
     if a.rename:
         for pid in refs:
             name = refs[pid].split(" = ", 1)[0]
@@ -83,10 +89,15 @@ def main() -> None:
 
     mix = set(warm_start_mix([p.id for p in ds.train], a.fraction, a.seed))
     problems = [p for p in ds.train if p.id in mix]
-    examples = warm_start_examples(problems, refs, tok, lambda p: chat(generate_prompt(p)))
+    examples = [] if a.refine_only else warm_start_examples(problems, refs, tok, lambda p: chat(generate_prompt(p)))
     cases = [(p, w) for p in problems for w in wrong[p.id]]
     examples += [reference_example(p.id, chat(refine_prompt(p, w, failed(p, i))), refs[p.id], tok)
                  for i, (p, w) in enumerate(cases)]
+    if a.both_ways:
+        flipped = [(problem_from_lcb_row(c["row"]), refs[p.id], c["solution"]) for p in problems
+                   for c in counterfactuals[p.id]]
+        examples += [reference_example(q.id, chat(refine_prompt(q, parent, failed(q, i))), answer, tok)
+                     for i, (q, parent, answer) in enumerate(flipped)]
     t0 = time.perf_counter()
     if a.copy_steps:
         rng = random.Random(a.seed)

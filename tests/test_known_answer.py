@@ -15,7 +15,8 @@ import pytest
 
 from mars2.config import GradingConfig
 from mars2.data import problem_from_lcb_row
-from mars2.data.known_answer import (KNOWN_ANSWER_TEMPLATES, _generate, known_answer_benchmark, known_answer_readings,
+from mars2.data.known_answer import (KNOWN_ANSWER_TEMPLATES, _counterfactuals, _generate, known_answer_benchmark,
+                                     known_answer_counterfactuals, known_answer_readings,
                                      known_answer_reference_solutions, known_answer_wrong_readings)
 from mars2.data.lcb import load_problems
 
@@ -72,6 +73,24 @@ def test_each_statement_admits_every_reading_and_the_public_tests_pin_the_true_o
             if reading is not right:
                 assert spec.output(reading, pinning) != spec.output(right, pinning)
                 assert sum(spec.output(reading, a) != spec.output(right, a) for a in d.hidden) >= 2
+
+
+def test_a_counterfactual_has_the_same_statement_and_its_tests_pin_another_reading():
+    """Problem i taken with another reading as the truth: same statement, examples and id; its pinning public test
+    refutes the original truth (whose program is now the wrong one) and its solution is that other reading's."""
+    wrong, counterfactuals = known_answer_wrong_readings(N, 0), known_answer_counterfactuals(N, 0)
+    for i, d in enumerate(_generate(N, 0)):
+        qid, spec = d.row["question_id"], d.spec
+        assert [c["solution"] for c in counterfactuals[qid]] == wrong[qid]
+        assert [c["row"] for c in counterfactuals[qid]] == [c.row for c in _counterfactuals(d, i, 0)]
+        for c in _counterfactuals(d, i, 0):
+            assert (c.row["question_id"], c.row["question_content"], c.row["starter_code"]) == \
+                (qid, d.row["question_content"], d.row["starter_code"])
+            assert c.public[:-1] == d.public[:-1] and c.truth != d.truth
+            new, old = spec.readings[c.truth], spec.readings[d.truth]
+            assert spec.output(new, c.public[-1]) != spec.output(old, c.public[-1])  # the old truth now fails
+            assert problem_from_lcb_row(c.row).public_tests[-1].output == spec.output(new, c.public[-1])
+    assert known_answer_benchmark(N, 0) == [d.row for d in _generate(N, 0)]  # drawing them changes nothing
 
 
 def test_in_the_sandbox_the_reference_passes_everything_and_each_wrong_reading_fails_public_and_hidden_tests():

@@ -36,8 +36,8 @@ from typing import Any
 from mars2.data.toy import (_FIRST_CONTEST, _DAYS_BETWEEN_CONTESTS, _PROBLEMS_PER_CONTEST, _STDIN_LIST_FORMAT, _ints,
                             _line, _list_in, _method)
 
-__all__ = ["KNOWN_ANSWER_TEMPLATES", "Reading", "known_answer_benchmark", "known_answer_readings",
-           "known_answer_reference_solutions", "known_answer_wrong_readings"]
+__all__ = ["KNOWN_ANSWER_TEMPLATES", "Reading", "known_answer_benchmark", "known_answer_counterfactuals",
+           "known_answer_readings", "known_answer_reference_solutions", "known_answer_wrong_readings"]
 
 
 @dataclass(frozen=True)
@@ -546,10 +546,12 @@ def _statement(spec: _Ambiguous, examples: list[tuple]) -> str:
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
-def _make_problem(i: int, seed: int, name: str, template: Callable[[random.Random], _Ambiguous]) -> _Drawn:
+def _make_problem(i: int, seed: int, name: str, template: Callable[[random.Random], _Ambiguous],
+                  truth: int | None = None) -> _Drawn:
     rng = random.Random(f"mars2-known-answer/{seed}/{i}")
     spec = template(rng)
-    truth = rng.randrange(len(spec.readings))
+    drawn = rng.randrange(len(spec.readings))
+    truth = drawn if truth is None else truth  # the statement is drawn before the truth matters: it stays the same
     right = spec.readings[truth]
     others = [r for k, r in enumerate(spec.readings) if k != truth]
 
@@ -587,6 +589,14 @@ def _make_problem(i: int, seed: int, name: str, template: Callable[[random.Rando
     return _Drawn(row, name, truth, spec, tuple(public), tuple(hidden))
 
 
+def _counterfactuals(d: _Drawn, i: int, seed: int) -> list[_Drawn]:
+    """Problem ``i`` once per other reading taken as the truth: the same statement and examples, the tests pinned
+    to that reading."""
+    templates = dict(_TEMPLATES)
+    return [_make_problem(i, seed, d.template, templates[d.template], truth=k)
+            for k in range(len(d.spec.readings)) if k != d.truth]
+
+
 def _generate(n_problems: int, seed: int) -> list[_Drawn]:
     if n_problems < 0:
         raise ValueError(f"n_problems must be >= 0, got {n_problems}")
@@ -612,6 +622,17 @@ def known_answer_wrong_readings(n_problems: int = 256, seed: int = 0) -> dict[st
     public test); the warm-start shows them as refine examples with the reference as the answer."""
     return {d.row["question_id"]: [r.solution for k, r in enumerate(d.spec.readings) if k != d.truth]
             for d in _generate(n_problems, seed)}
+
+
+def known_answer_counterfactuals(n_problems: int = 256, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """``question_id -> [{"row": row, "solution": program}]``: the problem once per *other* reading taken as the
+    truth — the same statement, examples and ``question_id``, the tests pinned to that reading — with that
+    reading's program. Against such a row the true reading's program is the wrong one, so a refine example built on it
+    (parent = the true reading, answer = the other) has the same statement as the original's (parent = the other,
+    answer = the true reading): only the parent and its failure tell the two apart."""
+    return {d.row["question_id"]: [{"row": c.row, "solution": c.spec.readings[c.truth].solution}
+                                   for c in _counterfactuals(d, i, seed)]
+            for i, d in enumerate(_generate(n_problems, seed))}
 
 
 def known_answer_readings(n_problems: int = 256, seed: int = 0) -> list[dict[str, Any]]:
