@@ -16,6 +16,11 @@ as the sampling noise allows (48 problems).
 
     python bench/refine_skill.py --arch llama --hidden 128 --steps 240
     python bench/refine_skill.py --n-problems 1024 --rename        # must the refinement copy from the parent?
+    python bench/refine_skill.py --both-ways --refine-only --n-problems 1024 --steps 480
+
+``--both-ways`` adds, per wrong reading, the mirror refine example on the problem pinned to that reading
+(:func:`mars2.data.known_answer.known_answer_counterfactuals`): parent = the true reading, answer = the other one, same
+statement, so only the parent and its failure tell the answer; ``--refine-only`` drops the generate examples.
 """
 
 from __future__ import annotations
