@@ -233,6 +233,11 @@ def test_named_volumes_are_declared_and_created_by_the_image(raw):
                     assert target in chown, f"{target} is not made and chowned in the image"
 
 
+def default_of(text: str) -> str:
+    """``text`` with each ``${VAR:-default}`` as Compose resolves it when VAR is unset."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", text)
+
+
 def created_pools(services) -> dict[str, str]:
     """Pool name -> type for every ``prefect work-pool create`` in create-pools' command."""
     args = argv(services["create-pools"])
@@ -250,7 +255,7 @@ def created_pools(services) -> dict[str, str]:
 def test_worker_pool_is_created_by_create_pools(raw, name):
     args = argv(raw[name])
     assert args[:3] == ["prefect", "worker", "start"] and "--with-healthcheck" in args
-    pool, kind = option(args, "--pool"), option(args, "--type")
+    pool, kind = default_of(option(args, "--pool")), option(args, "--type")
     assert pool == name.split("-")[1]
     pools = created_pools(raw)
     assert pools.get(pool) == kind == "process"
@@ -266,6 +271,55 @@ def test_create_pools_registers_the_deployments(raw):
     assert "python flows/deploy.py --pool cpu" in " ".join(args[args.index("-c") + 1].split())
     assert depends_on(raw["create-pools"]).get("prefect-server") == "service_healthy"
     assert raw["create-pools"].get("restart", "no") == "no"
+
+
+def _run_create_pools(raw, tmp_path, node_pools: str) -> list[list[str]]:
+    """create-pools' shell command as its container runs it (Compose turns ``$$`` into ``$``), with ``prefect`` and
+    ``python`` stand-ins that record their arguments; returns the calls."""
+    args = argv(raw["create-pools"])
+    script = args[args.index("-c") + 1].replace("$$", "$")
+    calls = tmp_path / "calls"
+    for tool in ("prefect", "python"):
+        fake = tmp_path / tool
+        fake.write_text(f'#!/bin/sh\nprintf "%s\\037" {tool} "$@" >> {calls}\necho >> {calls}\n')
+        fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin", "MARS2_NODE_POOLS": node_pools},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [line.rstrip("\037").split("\037") for line in calls.read_text().splitlines() if line]
+
+
+def test_create_pools_makes_a_pool_and_a_stage_deployment_per_node_when_asked(raw, tmp_path):
+    """MARS2_NODE_POOLS=gpu-node0,gpu-node1: a process pool per node and ``orchestration.node_pools`` passed to
+    flows/deploy.py, which registers stage/<pool> for each; unset: only cpu and gpu, and no override."""
+    calls = _run_create_pools(raw, tmp_path, "gpu-node0,gpu-node1")
+    made = [c[3] for c in calls if c[:3] == ["prefect", "work-pool", "create"]]
+    assert made == ["cpu", "gpu", "gpu-node0", "gpu-node1"]
+    assert calls[-1] == ["python", "flows/deploy.py", "--pool", "cpu", "--no-create-pools",
+                         "orchestration.node_pools=[gpu-node0,gpu-node1]"]
+    (tmp_path / "calls").unlink()
+    calls = _run_create_pools(raw, tmp_path, "")
+    assert [c[3] for c in calls if c[:3] == ["prefect", "work-pool", "create"]] == ["cpu", "gpu"]
+    assert calls[-1] == ["python", "flows/deploy.py", "--pool", "cpu", "--no-create-pools"]
+
+
+def test_a_gpu_worker_serves_engines_to_other_nodes_from_its_node_pool(tmp_path):
+    """With the node's pool and address set, the GPU worker polls that pool, names itself after it, listens for
+    engine connections inside the container on 0.0.0.0 and publishes those ports at the node's address; by default
+    it polls ``gpu`` and publishes on loopback only."""
+    nodes = ENV_EXAMPLE.read_text() + "MARS2_NODE_POOLS=gpu-node0,gpu-node1\nMARS2_GPU_POOL=gpu-node1\n" \
+                                      "MARS2_NODE_ADDRESS=10.0.0.2\nMARS2_ENGINE_PORTS=29700-29701\n" \
+                                      "MARS2_PREFECT_API_URL=https://head:8443/api\n"
+    for text, pool, address, ports in ((nodes, "gpu-node1", "10.0.0.2", [29700, 29701]),
+                                       (ENV_EXAMPLE.read_text(), "gpu", "127.0.0.1", list(range(29600, 29616)))):
+        gpu = resolved(text, tmp_path, profile="gpu")["services"]["worker-gpu"]
+        e = env(gpu)
+        assert option(argv(gpu), "--pool") == pool == e["MARS2_NODE_NAME"]
+        assert (e["MARS2_NODE_ADDRESS"], e["MARS2_ENGINE_BIND_ADDRESS"]) == (address, "0.0.0.0")
+        assert e["MARS2_ENGINE_PORTS"] == f"{ports[0]}-{ports[-1]}"
+        assert e["PREFECT_API_URL"] == ("https://head:8443/api" if pool != "gpu" else "http://prefect-server:4200/api")
+        pub = published(gpu)
+        assert sorted(pub) == ports and set(pub.values()) == {address}
 
 
 def test_gpu_worker_is_optional_and_reserves_nvidia_gpus(raw):
@@ -336,6 +390,9 @@ def test_uis_are_published_on_loopback_only(services):
     assert published(services["prefect-server"]) == {PREFECT_PORT: "127.0.0.1"}
     assert published(services["mlflow"]) == {MLFLOW_PORT: "127.0.0.1"}
     for name in ("postgres", "create-pools", *WORKERS):
+        if name == "worker-gpu":  # its engine ports, on loopback unless MARS2_NODE_ADDRESS names the node's address
+            assert set(published(services[name]).values()) == {"127.0.0.1"}
+            continue
         assert not published(services[name]), f"{name} must not be published"
 
 

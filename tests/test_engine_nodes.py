@@ -329,3 +329,88 @@ def test_a_cpu_engine_on_another_node_is_sized_by_the_runs_budget_there(tiny_mod
         assert engine.health()["threads"]["torch"] == 3
     finally:
         engine.close()
+
+
+def _free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive ports free on 127.0.0.1 right now."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + n > 65535:
+            continue
+        try:
+            socks = []
+            for p in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.skip("no run of free ports")
+
+
+def _listening_on(port: int) -> str:
+    """The IPv4 address a socket listening on ``port`` is bound to, from the kernel's table (/proc/net/tcp)."""
+    import socket
+    import struct
+
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        host, hexport = local.split(":")
+        if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+            return socket.inet_ntoa(struct.pack("<I", int(host, 16)))
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_a_node_service_in_a_container_listens_on_all_interfaces_at_a_published_port(tiny_model_dir, tmp_path,
+                                                                                      two_nodes, monkeypatch):
+    """A GPU worker in a container (docker-compose.yml, worker-gpu): its services listen on 0.0.0.0 inside it, on the
+    ports the host publishes ($MARS2_ENGINE_PORTS), and register the node's own address, which other nodes reach."""
+    from mars2.backends.engine import BIND_ADDRESS
+    from mars2.backends.engine_server import ENGINE_PORTS
+
+    ctx, provide, _ = two_nodes
+    first = _free_port_run(3)
+    monkeypatch.setenv(BIND_ADDRESS, "0.0.0.0")
+    monkeypatch.setenv(ENGINE_PORTS, f"{first}-{first + 2}")
+    pool = EnginePool(True, start_timeout_s=120, service_dir=tmp_path / "engines" / "run-1" / "node-a",
+                      remote={"qwen_tiny": provide}, listen_tcp=True)
+    try:
+        engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
+                             dtype="float32", batch_size=8)
+        record = json.loads((tmp_path / "engines" / "run-1" / "node-b" / "qwen_tiny.json").read_text())
+        host, port = record["address"]
+        assert host == "127.0.0.1" and first <= port <= first + 2  # the node's address, a published port
+        assert _listening_on(port) == "0.0.0.0"
+        assert engine.generate(["x"], PARAMS, [1])[0]
+    finally:
+        pool.close()
+
+
+def test_engine_ports_take_a_range_and_say_when_it_is_used_up():
+    from mars2.backends.engine_server import engine_ports, tcp_listener
+
+    assert engine_ports("29600-29602") == range(29600, 29603) and engine_ports("29600") == range(29600, 29601)
+    for bad in ("", "a-b", "29602-29600", "0-3", "65530-70000"):
+        with pytest.raises(ValueError, match="MARS2_ENGINE_PORTS"):
+            engine_ports(bad)
+    first = _free_port_run(2)
+    a = tcp_listener("127.0.0.1", f"{first}-{first + 1}")
+    b = tcp_listener("127.0.0.1", f"{first}-{first + 1}")
+    try:
+        assert (a.address[1], b.address[1]) == (first, first + 1)
+        with pytest.raises(OSError, match="every port of \\$MARS2_ENGINE_PORTS"):
+            tcp_listener("127.0.0.1", f"{first}-{first + 1}")
+    finally:
+        a.close()
+        b.close()
+    any_port = tcp_listener("127.0.0.1", None)
+    assert any_port.address[1] > 0
+    any_port.close()

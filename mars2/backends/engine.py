@@ -61,6 +61,7 @@ STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run st
 STARTS_FILE = "starts"  # a run's engine folder: a line per start on a worker ("<agent> <node> <pid>|fresh|failed")
 NODE_NAME = "MARS2_NODE_NAME"  # the node's name in a run's engine folder (default: its host name)
 NODE_ADDRESS = "MARS2_NODE_ADDRESS"  # the address other nodes reach this one's TCP services at (default: its FQDN)
+BIND_ADDRESS = "MARS2_ENGINE_BIND_ADDRESS"  # the interface TCP services listen on (default: the node address)
 
 
 def node_name() -> str:
@@ -71,6 +72,13 @@ def node_name() -> str:
 def node_address() -> str:
     """Where other nodes reach this node's TCP services: ``$MARS2_NODE_ADDRESS``, else the host's FQDN."""
     return os.environ.get(NODE_ADDRESS) or socket.getfqdn()
+
+
+def bind_address() -> str:
+    """The interface this node's TCP services listen on: ``$MARS2_ENGINE_BIND_ADDRESS``, else :func:`node_address`.
+    In a container on a bridge network the node's address is the host's, not an interface of the container: there
+    the services listen on ``0.0.0.0`` and the host publishes their ports (``$MARS2_ENGINE_PORTS``)."""
+    return os.environ.get(BIND_ADDRESS) or node_address()
 
 
 class EngineError(RuntimeError):
@@ -267,7 +275,7 @@ class EngineClient:
     def _start(self) -> None:
         socket_path = str(self._folder / f"engine-{self.starts}.sock")
         port_file = self._folder / f"engine-{self.starts}.port"
-        address = f"tcp:{node_address()}" if self.listen_tcp else socket_path
+        address = f"tcp:{bind_address()}" if self.listen_tcp else socket_path
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
         on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},

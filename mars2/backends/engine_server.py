@@ -19,6 +19,7 @@ A load or sleep waits until every request sent before it has finished.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -292,12 +293,44 @@ def main(address: str, spec_json: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop(state))
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     if address.startswith(TCP):  # no key here: each connection proves it in its own thread (accept_forever)
-        listener = Listener((address[len(TCP):], 0), family="AF_INET")
+        listener = tcp_listener(address[len(TCP):], os.environ.get(ENGINE_PORTS))
         write_port(spec["port_file"], listener.address[1])
     else:
         listener = Listener(address, family="AF_UNIX")
     threading.Thread(target=accept_forever, args=(listener, state, authkey), daemon=True).start()
     supervise(state, **ends, idle_exit_s=float(spec.get("idle_exit_s") or 0))
+
+
+ENGINE_PORTS = "MARS2_ENGINE_PORTS"  # "first-last": the ports TCP services may listen on (a container publishes them)
+
+
+def engine_ports(text: str) -> range:
+    """``"first-last"`` (or one port) as the range of ports a TCP service may listen on."""
+    first, _, last = text.strip().partition("-")
+    try:
+        ports = range(int(first), int(last or first) + 1)
+    except ValueError:
+        ports = range(0)
+    if not ports or ports.start < 1 or ports.stop > 65536:
+        raise ValueError(f"${ENGINE_PORTS}={text!r}: write a port range as first-last, e.g. 29600-29615")
+    return ports
+
+
+def tcp_listener(host: str, ports: str | None):
+    """A TCP ``Listener`` at ``host``: on the first free port of ``ports`` (``$MARS2_ENGINE_PORTS``), else on any free
+    port. A node whose services other nodes reach through published ports (a container) names the range."""
+    from multiprocessing.connection import Listener
+
+    if not ports:
+        return Listener((host, 0), family="AF_INET")
+    for port in engine_ports(ports):
+        try:
+            return Listener((host, port), family="AF_INET")
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"every port of ${ENGINE_PORTS}={ports} is in use at {host}: one engine service "
+                                    "listens on each; widen the range (and the ports the node publishes)")
 
 
 def write_port(path: str, port: int) -> None:
