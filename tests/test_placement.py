@@ -134,10 +134,11 @@ def _started_environment(tmp_path, monkeypatch, **spec) -> list[str]:
     """What an engine process really gets: an interpreter that writes part of its environment and exits."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES|$OMP_NUM_THREADS|$VLLM_CPU_OMP_THREADS_BIND\" > {seen}\n"
+    fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES|$OMP_NUM_THREADS|$VLLM_CPU_OMP_THREADS_BIND|"
+                    f"$TORCHINDUCTOR_VEC_ISA_OK\" > {seen}\n"
                     "exit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    for name in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
+    for name in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "TORCHINDUCTOR_VEC_ISA_OK"):
         monkeypatch.delenv(name, raising=False)
     pool = EnginePool(persistent=True, start_timeout_s=30)
     with pytest.raises(EngineError, match="exited with code 3"):
@@ -148,13 +149,14 @@ def _started_environment(tmp_path, monkeypatch, **spec) -> list[str]:
 
 def test_the_engine_process_is_started_with_the_placed_devices(tmp_path, monkeypatch):
     assert _started_environment(tmp_path, monkeypatch, device="cuda", cuda_visible_devices="4,5,6,7") == ["4,5,6,7",
-                                                                                                            "", ""]
+                                                                                                            "", "", ""]
 
 
 def test_a_vllm_engine_on_the_cpu_gets_its_share_of_the_cores_unpinned(tmp_path, monkeypatch):
     """vLLM's CPU build pins each engine's OpenMP threads to all cores of the first NUMA node unless told otherwise: two
-    engines of a run would spin on the same cores. Each gets its share (``threads``), unpinned."""
-    assert _started_environment(tmp_path, monkeypatch, device="cpu", threads=1) == ["", "1", "nobind"]
+    engines of a run would spin on the same cores. Each gets its share (``threads``), unpinned, and trusts the CPU's
+    vector ISA in inductor's builds (mars2.backends.vllm_env.engine_environment)."""
+    assert _started_environment(tmp_path, monkeypatch, device="cpu", threads=1) == ["", "1", "nobind", "1"]
 
 
 def test_a_given_gpu_list_or_device_index_must_be_the_plans(paper_data):

@@ -143,6 +143,7 @@ def test_two_process_update_matches_one_process(tiny_model_dir, tiny_tokenizer, 
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-5
     assert any(float((w1[k] - load_file(tiny_model_dir / "model.safetensors")[k]).abs().max()) > 1e-3 for k in w1)
     assert two["kl"] == pytest.approx(one["kl"], rel=1e-4, abs=1e-9)
+    assert one["logprob_empty_chunks"] == 0 and (two["logprob_empty_chunks"] > 0) == (chunk == 2)
     after = _logp_of(str(tmp_path / "two" / "model"), samples[:2], tok.pad_token_id)
     assert after[0] > init_logp[0] and after[1] < init_logp[1]
 

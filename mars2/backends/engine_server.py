@@ -160,6 +160,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 if state.asleep:  # vLLM cannot reload into a sleeping engine; the folder it held is replaced at once
                     state.engine.wake(restore=False)
                     state.asleep = False
+                started = time.monotonic()
                 try:
                     state.engine.load(model_dir)
                 except CheckpointRefused:
@@ -168,6 +169,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                     state.version = None  # some weights may be new, some old: it serves nothing until a load works
                     raise
                 state.model_dir, state.version = model_dir, version
+            print(f"loaded {model_dir} in place in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
             reply("ok", version)
         elif kind == "sleep":
             with state.lock, state.engine.drained():

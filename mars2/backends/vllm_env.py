@@ -70,13 +70,19 @@ def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_th
     ``cpu_threads`` > 0 (an engine on the CPU, its share of the run's cores): the thread variables of
     :func:`mars2.cpu.thread_environment` are that share, and vLLM's thread binding is off unless
     ``VLLM_CPU_OMP_THREADS_BIND`` is set (its default, ``auto``, pins every engine's OpenMP threads to all the cores of
-    the first NUMA node, so the engines of a run spin on the same cores)."""
+    the first NUMA node, so the engines of a run spin on the same cores), and inductor trusts the CPU's vector ISA
+    (``TORCHINDUCTOR_VEC_ISA_OK=1``, see the comment below)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)  # read by vLLM's CPU build only
     if cpu_threads > 0:
         env.update(thread_environment(cpu_threads))
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # Inductor decides per process whether the CPU's vector ISA works by compiling and loading a probe; in one
+        # engine of the CPU rehearsal it came out false (no error of its own), that process built kernels without
+        # the ISA's flags, and a vectorised kernel from the shared compile cache failed to compile, killing the
+        # engine. The ISA list itself comes from the CPU's flags: trusting it keeps every engine's builds consistent.
+        env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
     return env
 
 

@@ -532,7 +532,8 @@ def optimizer_steps(engine, plan: StepPlan, ref_logps: list[torch.Tensor], hp: U
     """Every step of ``plan``: the loss ``LOSSES[hp.loss]`` of each micro-batch, backward, and DeepSpeed's step at
     the step's last micro-batch. π_old is the policy before the first step (scored up front when there are several
     steps). Returns the totals (:data:`SUMMED` summed over micro-batches, :data:`WEIGHTED` weighted by samples, then
-    the tokens trained), summed over ranks, and the last step's gradient norm."""
+    the tokens trained and the empty log-prob chunks of a pass, :func:`empty_chunks`), summed over ranks, and the last
+    step's gradient norm."""
     samples, steps, batches, n_micro = plan.samples, plan.steps, plan.batches, plan.n_micro
 
     def logprobs(batch):
@@ -572,13 +573,27 @@ def optimizer_steps(engine, plan: StepPlan, ref_logps: list[torch.Tensor], hp: U
         if progress is not None:
             progress(trained, len(samples))
     tokens = float(sum(plan.lengths[i] for micro in steps for idx in micro for i in idx))
-    return _sum_over_ranks(torch.cat([totals, torch.tensor([tokens], dtype=torch.float64)]), engine.device,
+    empty = float(empty_chunks(batches, hp.logprob_chunk_tokens, engine.device))
+    return _sum_over_ranks(torch.cat([totals, torch.tensor([tokens, empty], dtype=torch.float64)]), engine.device,
                            world), grad_norm
+
+
+def empty_chunks(batches: list[dict[str, torch.Tensor]], chunk_tokens: int, device) -> int:
+    """Head calls on empty log-prob chunks this rank makes in one pass over its micro-batches: Σ_k (max over ranks
+    of ⌈n_k / C⌉) − ⌈n_k / C⌉, n_k the response positions of micro-batch k (:func:`chunk_count`). Non-zero exactly when
+    the ranks' responses need different numbers of chunks; a collective when several ranks run."""
+    own = torch.tensor([-(-int(b["mask"].sum()) // chunk_tokens) for b in batches], dtype=torch.long, device=device)
+    most = own.clone()
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int((most - own).sum())
 
 
 def update_metrics(totals: torch.Tensor, plan: StepPlan, *, grad_norm: float | None, lr: float, step: int,
                    world: int, seconds: float) -> dict[str, float]:
-    """The update's metrics: loss terms averaged over steps, clip and veto shares over samples, throughput."""
+    """The update's metrics: loss terms averaged over steps, clip and veto shares over samples, throughput, and the
+    head calls on empty log-prob chunks one pass made over all ranks (``logprob_empty_chunks``)."""
     n_steps = len(plan.steps)
     means = {key: float(totals[j]) / n_steps for j, key in enumerate(SUMMED)}
     means |= {key: float(totals[len(SUMMED) + j]) / len(plan.samples) for j, key in enumerate(WEIGHTED)}
@@ -586,7 +601,8 @@ def update_metrics(totals: torch.Tensor, plan: StepPlan, *, grad_norm: float | N
     return {**means, **extra, "lr": float(lr), "n_samples": float(len(plan.samples)),
             "update_step": float(step + n_steps), "optimizer_steps": float(n_steps), "processes": float(world),
             "micro_batches": float(plan.n_micro), "cpu_threads": float(torch.get_num_threads()),
-            "tokens_per_s": float(totals[-1]) / max(seconds, 1e-9), "step_seconds": seconds}
+            "tokens_per_s": float(totals[-2]) / max(seconds, 1e-9), "step_seconds": seconds,
+            "logprob_empty_chunks": float(totals[-1])}
 
 
 def _sum_over_ranks(values: torch.Tensor, device, world: int) -> torch.Tensor:
