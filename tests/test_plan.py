@@ -164,6 +164,17 @@ def test_the_plan_picks_the_smallest_tensor_parallel_size_whose_engines_hold_the
     assert (fixed.tp, fixed.replicas) == (2, 4)  # a size the config gives is kept
 
 
+def test_a_given_tensor_parallel_or_engine_count_never_plans_more_gpus_than_the_agent_has(no_models):
+    """A fixed TP 8 does not fit the halved 4 + 4 layout (the engine would need 8 GPUs of 4), so one node refuses and
+    two node pools keep 8 + 8; a fixed engine count bounds the TP the plan may pick (2 engines of TP 4 on 8 GPUs)."""
+    one = _plan("agents=heterogeneous_32b", "backend.tensor_parallel_size=8")
+    assert not one.fits and "1 vLLM engine(s) of tensor parallelism 8 need 8 GPUs but it has 4" in one.refusal()
+    two = require_fit(_plan("agents=heterogeneous_32b", "backend.tensor_parallel_size=8", *POOLS))
+    assert [(a.gpus, a.rollout.tp, a.rollout.replicas) for a in two.agents] == [(8, 8, 1)] * 2
+    dp = require_fit(_plan("agents=heterogeneous_32b", *POOLS, "plan.gpu_memory_gb=80", "backend.data_parallel_size=2"))
+    assert [(a.rollout.tp, a.rollout.replicas) for a in dp.agents] == [(4, 2)] * 2
+
+
 @pytest.mark.parametrize("cluster", [
     ("plan.nodes=1",),  # one node of 8 H200
     ("plan.nodes=2", "plan.gpu_name=H100", "plan.gpu_memory_gb=80"),  # two nodes of 8 H100

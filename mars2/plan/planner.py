@@ -218,12 +218,14 @@ def given_tp(member: AgentConfig, cfg: RunConfig) -> int | None:
     return member.tensor_parallel_size or cfg.backend.tensor_parallel_size
 
 
-def tp_candidates(shape: ModelShape, n: int, gpus_per_node: int) -> list[int]:
-    """Tensor-parallel sizes an engine of ``n`` GPUs can take: powers of two that divide ``n`` and the attention
-    heads, whose KV heads they divide or replicate evenly, within one node."""
+def tp_candidates(shape: ModelShape, n: int, gpus_per_node: int, replicas: int | None = None) -> list[int]:
+    """Tensor-parallel sizes an agent's engines on ``n`` GPUs can take: powers of two within one node that divide
+    ``n``, the attention heads and the MLP width (vLLM shards both), whose KV heads they divide or replicate evenly,
+    and whose ``replicas`` engines (``backend.data_parallel_size``; None: ``n // t``) fit the ``n`` GPUs."""
     out, t = [], 1
     while t <= min(n, gpus_per_node):
-        if n % t == 0 and shape.num_heads % t == 0 and (shape.num_kv_heads % t == 0 or t % shape.num_kv_heads == 0):
+        if n % t == 0 and shape.num_heads % t == 0 and shape.intermediate_size % t == 0 \
+                and (shape.num_kv_heads % t == 0 or t % shape.num_kv_heads == 0) and (replicas or n // t) * t <= n:
             out.append(t)
         t *= 2
     return out or [1]
@@ -245,7 +247,7 @@ def choose_tp(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int,
         return fixed
     demand = in_flight(cfg)
     best, held_best = 1, -1
-    for t in tp_candidates(shape, n, cfg.plan.gpus_per_node):
+    for t in tp_candidates(shape, n, cfg.plan.gpus_per_node, cfg.backend.data_parallel_size):
         roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len, tp=t)
         kv = roll.kv
         starts = kv is not None and kv.per_gpu_bytes > 0 and kv.tokens >= (roll.max_model_len or seq_len)
@@ -305,6 +307,10 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
             f"{_gb(upd.activation_bytes)} + reserve {_gb(upd.reserved_bytes)}) but a GPU has {p.gpu_memory_gb:g} GB")
     if roll.backend == "vllm" and roll.kv is not None:
         kv = roll.kv
+        if roll.replicas * roll.tp > n:
+            reasons.append(f"{roll.replicas} vLLM engine(s) of tensor parallelism {roll.tp} need "
+                           f"{roll.replicas * roll.tp} GPUs but it has {n} (backend.tensor_parallel_size / "
+                           "data_parallel_size)")
         if shape.num_heads % roll.tp or (shape.num_kv_heads % roll.tp and roll.tp % shape.num_kv_heads):
             reasons.append(f"vLLM tensor parallelism {roll.tp} (backend.tensor_parallel_size) does not divide the "
                            f"{shape.num_heads} attention / {shape.num_kv_heads} KV heads")
