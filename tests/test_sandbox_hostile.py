@@ -311,6 +311,30 @@ def test_a_program_can_still_change_its_own_limits_and_priority(pool):
     assert verdict.all_passed, verdict.detail
 
 
+def test_every_inherited_rlimit_is_clamped(pool):
+    """Real-time priority and time, priority, locked memory, queued signals, data and stack: each at the
+    runner's value (or lower, where the grader's own limit is lower), whatever the grader inherited."""
+    from mars2.sandbox.runner.confine import CLAMPED_LIMITS
+
+    code = f"""
+        import resource
+        for name in {sorted(CLAMPED_LIMITS)!r}:
+            print(name, *resource.getrlimit(getattr(resource, name)))
+        memory = {GradingConfig().memory_mb} << 20
+        data = resource.getrlimit(resource.RLIMIT_DATA)
+        stack = resource.getrlimit(resource.RLIMIT_STACK)
+        print("bounded", data == resource.getrlimit(resource.RLIMIT_AS), stack[1] <= memory, 0 < stack[0] <= stack[1])
+        """
+    def clamped(name: str, value: int) -> int:
+        held = resource.getrlimit(getattr(resource, name))[1]
+        return value if held == resource.RLIM_INFINITY else min(value, held)
+
+    expected = [f"{name} {clamped(name, v)} {clamped(name, v)}" for name, v in sorted(CLAMPED_LIMITS.items())]
+    expected.append("bounded True True True")
+    [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "\n".join(expected)),))], pool=pool)
+    assert verdict.all_passed, verdict.detail
+
+
 # ---- 4. host unix sockets are unreachable -------------------------------------------------------------------------
 
 def test_host_unix_sockets_are_unreachable(pool, tmp_path):

@@ -142,16 +142,31 @@ def drop_capabilities():
             raise OSError("capabilities remain after dropping them")
 
 
+# Every other inherited rlimit, clamped to a value of ours (never raised past what the grader holds): no real-time
+# priority or time, no priority above the default, a little locked memory, few queued signals. (RLIMIT_LOCKS: Linux
+# enforces it no more; Python does not name it.)
+CLAMPED_LIMITS = {"RLIMIT_RTPRIO": 0, "RLIMIT_RTTIME": 0, "RLIMIT_NICE": 0, "RLIMIT_MEMLOCK": 64 << 10,
+                  "RLIMIT_SIGPENDING": 256}
+
+
 def set_limits(limits, base_vm):
+    """Every rlimit a test process has: CPU, address space and data (the memory allowance on top of the runner's
+    own mappings), stack (at most the memory allowance), output file size, no core, open files, no message queues,
+    processes when asked, and :data:`CLAMPED_LIMITS`."""
     cpu = int(limits.get("time_s_total", limits["time_s"]) + 0.999999)
     memory = int(limits["memory_mb"]) << 20
+    stack_soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    stack_soft = memory if stack_soft == resource.RLIM_INFINITY else min(stack_soft, memory)
     wanted = [
         (resource.RLIMIT_CPU, cpu, cpu + 1),
         (resource.RLIMIT_AS, memory + base_vm, memory + base_vm),
+        (resource.RLIMIT_DATA, memory + base_vm, memory + base_vm),
+        (resource.RLIMIT_STACK, stack_soft, memory),
         (resource.RLIMIT_FSIZE, limits["output_bytes"], limits["output_bytes"]),
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_NOFILE, limits["nofile"], limits["nofile"]),
         (resource.RLIMIT_MSGQUEUE, 0, 0),
+        *((getattr(resource, name), value, value) for name, value in CLAMPED_LIMITS.items()),
     ]
     if limits.get("nproc"):
         wanted.append((resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"]))
