@@ -16,6 +16,17 @@ NO_TESTS = "NO_TESTS"
 STATUSES: tuple[str, ...] = (AC, WA, TLE, RE, CE, MLE, NO_CODE, NO_TESTS)
 
 
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate (an undecodable byte of a program's output, or one a program put
+    in an exception message) becomes its backslash escape, so what leaves the grader encodes as UTF-8 everywhere it
+    goes (Parquet, JSON, MLflow)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class TestVerdict:
     """The outcome of one test that was run: ``status`` as in :class:`Verdict` (``AC`` = passed)."""
@@ -27,6 +38,9 @@ class TestVerdict:
     detail: str = ""
     cpu_s: float = 0.0
     wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", valid_text(self.detail))
 
     def to_dict(self) -> dict[str, Any]:
         return {"test": self.index, "status": self.status, "detail": self.detail, "cpu_s": round(self.cpu_s, 4),
@@ -45,7 +59,8 @@ class Verdict:
     LiveCodeBench counts it as a pass, which is a bug).
     ``passed``: tests passed (before stopping, when stopping at the first failure).
     ``total``: number of tests given. ``time_s``: wall time spent grading.
-    ``detail``: short human-readable account of the first failure, ``""`` on AC.
+    ``detail``: short human-readable account of the first failure, ``""`` on AC; always valid Unicode
+    (:func:`valid_text`).
     ``tests``: the outcome of every test that ran, in order (not part of equality or :meth:`to_dict`).
     """
 
@@ -59,6 +74,7 @@ class Verdict:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"unknown verdict status {self.status!r}; expected one of {STATUSES}")
+        object.__setattr__(self, "detail", valid_text(self.detail))
 
     @property
     def all_passed(self) -> bool:
