@@ -335,6 +335,28 @@ def test_every_inherited_rlimit_is_clamped(pool):
     assert verdict.all_passed, verdict.detail
 
 
+def test_the_graders_memory_does_not_grow_with_the_number_of_tests(pool):
+    """Every test answers 4 MiB (wrong), and every test runs (no stop at the first failure): the grader's peak
+    allocation is the same for 2 tests as for 12, about one output, not one per test (each was kept to the end)."""
+    import tracemalloc
+
+    from mars2.sandbox import grade_program
+
+    code = "import sys\nsys.stdout.write('x' * (4 << 20))\n"
+
+    def peak(n: int) -> int:
+        tracemalloc.start()
+        verdict = grade_program(code, [Case(f"{i}\n", "y") for i in range(n)], pool=pool,
+                                grading=GradingConfig(stop_at_first_failure=False))
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert (verdict.status, verdict.passed, len(verdict.tests)) == ("WA", 0, n)
+        return top
+
+    few, many = peak(2), peak(12)
+    assert many < few + (4 << 20), (few, many)
+
+
 # ---- 4. host unix sockets are unreachable -------------------------------------------------------------------------
 
 def test_host_unix_sockets_are_unreachable(pool, tmp_path):

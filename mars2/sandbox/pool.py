@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mars2.cpu import usable_cpus
@@ -115,11 +115,6 @@ class TestRun:
     error: str = ""
     cpu_s: float = 0.0
     wall_s: float = 0.0
-
-
-@dataclass
-class ProgramRun:
-    tests: list[TestRun] = field(default_factory=list)
 
 
 class _Channel:
@@ -389,8 +384,10 @@ class Slot:
     # ---- one program --------------------------------------------------------------------------------
 
     def run(self, *, code: str, mode: str, parity: str, func_name: str | None, limits: Limits,
-            inputs: list[bytes], on_result: Callable[[int, TestRun], bool], isolate_tests: bool = False) -> ProgramRun:
-        """Run ``code`` on ``inputs`` in order; ``on_result(i, run)`` returns False to stop early.
+            inputs: list[bytes], on_result: Callable[[int, TestRun], bool], isolate_tests: bool = False) -> int:
+        """Run ``code`` on ``inputs`` in order; ``on_result(i, run)`` returns False to stop early. Returns the number
+        of tests run. Each test's run (its output, up to ``output_bytes``) goes to ``on_result`` and is not kept: the
+        grader's memory does not grow with the number of tests.
 
         A sandbox failure (the zygote cannot start, dies, stops answering, or could not confine a test process)
         restarts the zygote and retries the program once from the start (the callback sees every test again);
@@ -410,7 +407,7 @@ class Slot:
                     raise
         raise AssertionError("unreachable")
 
-    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, isolate_tests) -> ProgramRun:
+    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, isolate_tests) -> int:
         chan = self.chan
         assert chan is not None
         if self.cgroup is not None and limits.memory_mb > self.cgroup_memory_mb:
@@ -422,7 +419,7 @@ class Slot:
         header, _ = chan.recv(REPLY_GRACE_S + 30)
         if header.get("status") != "ok":
             raise SandboxError(f"the sandbox could not take the program: {header.get('error', header)}")
-        result = ProgramRun()
+        ran = 0
         for index, data in enumerate(inputs):
             oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
             chan.send({"op": "test", "index": index}, data)
@@ -435,11 +432,12 @@ class Slot:
                 raise SandboxError(f"a test process could not be confined: {error}")
             run = TestRun(status=status, output=payload, error=error, cpu_s=float(header.get("cpu_s", 0.0)),
                           wall_s=float(header.get("wall_s", 0.0)))
-            result.tests.append(run)
+            ran += 1
             if not on_result(index, run):
                 break
+            del run, payload  # judged: the next test's output must not sit beside it
         chan.send({"op": "end"})  # no reply: the zygote cleans up while we compare
-        return result
+        return ran
 
 
 class SandboxPool:
