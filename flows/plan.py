@@ -8,7 +8,7 @@ Builds every agent's model on the ``meta`` device from its config.json (the mode
 shipped in mars2/plan/model_configs/), and prints per agent: parameters, ZeRO memory per GPU (DeepSpeed's
 estimators), vLLM KV-cache budget at the configured lengths, GPUs needed, and the rollout/update placement.
 Exits 1 with one paragraph when the agents cannot fit the cluster, or when a run would refuse the plan's placement
-(agents on more nodes than ``orchestration.node_pools`` names: :func:`mars2.plan.placement.require_placeable`).
+(:func:`mars2.plan.placement.place`: a given node, GPU list or ``cuda:N`` device the plan contradicts).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(_: DictConfig) -> None:
     from rich.console import Console
 
     from mars2.plan import ModelConfigNotFound, PlanRefused, plan
-    from mars2.plan.placement import require_placeable
+    from mars2.plan.placement import place
     from mars2.plan.render import render
 
     try:
@@ -49,7 +49,7 @@ def main(_: DictConfig) -> None:
     if not result.fits:
         sys.exit(f"mars2: plan refused: {result.refusal()}")
     try:
-        require_placeable(result, run.orchestration.node_pools)
+        place(run, result)  # what the run's entry does with the plan: the node, GPU and rank checks included
     except PlanRefused as e:
         sys.exit(f"mars2: the plan fits the cluster, but a run would be refused: {e}")
 

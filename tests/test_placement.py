@@ -108,6 +108,18 @@ def test_an_agent_never_spans_nodes(paper_data):
         require_placeable(spread, ["a", "b", "c", "d"])
 
 
+def test_a_plan_that_leaves_an_owner_without_gpus_or_ranks_is_refused_before_anything_starts(paper_data):
+    """An evaluation places a plan whose updates need not fit, but an engine with no GPUs of its own would see every
+    GPU, the other owner's too: refused. Ranks asked for (update_procs) that a halved layout cannot give rule that
+    layout out in the plan itself, not only at the entry."""
+    with pytest.raises(PlanRefused, match=r"no GPUs for \['areal_14b'\]"):
+        compose_run(["agents=heterogeneous_14b", "orchestration=pools", "plan.gpu_memory_gb=80", *paper_data],
+                    config_name="evaluate", check_fit=False, dispatch=False)
+    cp = plan(resolve(load_cfg(["agents=heterogeneous_8b", "plan.nodes=1", "agents.members.0.update_procs=8",
+                                *paper_data]), planning=True))
+    assert not cp.fits and "update_procs=8 ranks need as many GPUs but it has 4" in cp.refusal()
+
+
 def test_engines_and_updates_map_the_plans_gpus_through_the_workers_own_visible_devices(paper_data, monkeypatch):
     run = _compose("heterogeneous_8b", paper_data)
     second = run.agents.members[1]

@@ -52,16 +52,19 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
     """``run`` with each CUDA member's ``gpus``, ``node``, ``gpu_ids`` and (vLLM) ``tensor_parallel_size`` set to its
     owner's in ``cp`` (a role sharing weights takes its owner's), and ``plan.node_per_agent`` to the layout's: the run
     uses the layout the plan chose, and planning it again gives the same. A member whose
-    ``node`` or ``gpu_ids`` were given must match the plan's, and one whose ``update_procs`` was given must fit the
-    plan's GPUs (:class:`~mars2.plan.PlanRefused`)."""
+    ``node`` or ``gpu_ids`` were given must match the plan's, an owner whose ``update_procs`` was given must fit the
+    plan's GPUs, and every CUDA owner must have GPUs in the plan (:class:`~mars2.plan.PlanRefused`)."""
     require_placeable(cp, run.orchestration.node_pools)
+    unplaced = [a.name for a in cp.agents if a.device == "cuda" and not a.update_spans]
+    if unplaced:  # an evaluation places a plan whose updates need not fit, but every engine needs its own GPUs
+        raise PlanRefused(f"no GPUs for {unplaced}: {cp.refusal()}")
     gpus, nodes = owner_gpus(cp), owner_nodes(cp)
     planned = {a.name: a for a in cp.agents}
     members = []
     for m in run.agents.members:
         a = planned.get(m.owner)
         if a is not None and a.device == "cuda":
-            if m.update_procs is not None and m.update_procs > a.gpus:
+            if m.shares_weights_with is None and m.update_procs is not None and m.update_procs > a.gpus:
                 raise PlanRefused(f"agent {m.name!r}: update_procs={m.update_procs} but the plan gives it {a.gpus} "
                                   f"GPU(s) ({cp.chosen}); leave agents.members.N.update_procs unset or give the "
                                   "cluster more GPUs")

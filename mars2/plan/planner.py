@@ -501,6 +501,8 @@ def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: i
         on_gpu = m.device.startswith("cuda")
         n = gpus[m.name] if on_gpu else 0
         upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len)
+        if on_gpu and m.update_procs is not None and m.update_procs > n:
+            reasons.append(f"update_procs={m.update_procs} ranks need as many GPUs but it has {n}")
         if on_gpu and n == 1 and not reasons:
             warnings += one_gpu_zero2_hint(shape, m, members.index(m), cfg, profile, dtype_bytes, seq_len)
         if on_gpu and m.gpus < 1:
