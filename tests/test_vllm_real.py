@@ -173,6 +173,26 @@ def test_weights_an_update_wrote_are_reloaded_in_place(engine, weights):
         engine.spec = current
 
 
+def test_a_reload_the_check_refuses_leaves_the_engine_serving_the_version_it_holds(engine, weights, tmp_path):
+    """A model folder not (yet) readable on the engine's node, a truncated shard: the engine refuses it before vLLM
+    moves a weight, keeps its version, and answers exactly as before (#49 item 5, on the real vLLM engine)."""
+    from mars2.backends.engine import EngineError
+
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    held = engine.health()["version"]
+    before = engine.generate([PROMPT], greedy, [0])[0][0]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes(Path(weights["b"], "model.safetensors").read_bytes()[:64])
+    for folder in (tmp_path / "empty", broken):
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(EngineError, match="safetensors"):
+            engine.load(str(folder), "c")
+        assert engine.health()["version"] == held
+    after = engine.generate([PROMPT], greedy, [0])[0][0]
+    assert after.response_ids == before.response_ids and after.logprobs == before.logprobs
+
+
 def test_many_seeded_requests_longer_than_one_step_together(engine):
     """More prompt tokens in flight than one engine step takes: with chunked prefill vLLM's CPU build split a seeded
     request's prefill and crashed (its CPU generator cannot rewind an offset); the adapter turns it off there."""
