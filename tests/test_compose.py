@@ -283,8 +283,8 @@ def _run_create_pools(raw, tmp_path, node_pools: str) -> list[list[str]]:
         fake = tmp_path / tool
         fake.write_text(f'#!/bin/sh\nprintf "%s\\037" {tool} "$@" >> {calls}\necho >> {calls}\n')
         fake.chmod(0o755)
-    out = subprocess.run(["sh", "-c", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin", "MARS2_NODE_POOLS": node_pools},
-                         capture_output=True, text=True, timeout=30)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MARS2_NODE_POOLS": node_pools}
+    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return [line.rstrip("\037").split("\037") for line in calls.read_text().splitlines() if line]
 

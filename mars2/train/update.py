@@ -579,9 +579,9 @@ def optimizer_steps(engine, plan: StepPlan, ref_logps: list[torch.Tensor], hp: U
 
 
 def empty_chunks(batches: list[dict[str, torch.Tensor]], chunk_tokens: int, device) -> int:
-    """Head calls on empty log-prob chunks this rank makes in one pass over its micro-batches: Σ_k (max over ranks
-    of ⌈n_k / C⌉) − ⌈n_k / C⌉, n_k the response positions of micro-batch k (:func:`chunk_count`). Non-zero exactly when
-    the ranks' responses need different numbers of chunks; a collective when several ranks run."""
+    """Head calls on empty log-prob chunks this rank makes in one pass over its micro-batches:
+    Σ_k (max over ranks of ⌈n_k / C⌉) − ⌈n_k / C⌉, n_k the response positions of micro-batch k (:func:`chunk_count`).
+    Non-zero exactly when the ranks' responses need different numbers of chunks; a collective when several ranks run."""
     own = torch.tensor([-(-int(b["mask"].sum()) // chunk_tokens) for b in batches], dtype=torch.long, device=device)
     most = own.clone()
     dist = torch.distributed
