@@ -421,7 +421,7 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
                 os.kill(core_pid, signal.SIGKILL)
 
 
-def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir):
+def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir, tmp_path):
     """SIGINT to the run's whole process group (Ctrl-C in a terminal, a supervisor's group signal): the engine is
     not in that group, so it is not killed and restarted behind the run's back; the run decides, and its exit stops
     the engine."""
@@ -438,12 +438,14 @@ def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir):
             e.generate(["x"], SamplingParams(max_new_tokens=2))
             print(e.starts, e.pid, flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    err = tmp_path / "run.err"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                start_new_session=True)
     try:
         engine_pid = int(proc.stdout.readline())
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.stdout.readline().split() == ["1", str(engine_pid)]
+        assert proc.stdout.readline().split() == ["1", str(engine_pid)], err.read_text()[-3000:]
         assert proc.wait(60) == 0
         assert _gone_within(engine_pid, 20), "the engine outlived the run"
     finally:
