@@ -571,6 +571,13 @@ class CompareConfig:
 
 
 
+def fixed_tp(member: AgentConfig, backend: BackendConfig) -> int | None:
+    """The tensor-parallel size of an agent's vLLM engines that the config fixes: the member's (set by the plan at the
+    flow's entry, or given), else ``backend.tensor_parallel_size``; None: the plan picks it
+    (:func:`mars2.plan.planner.choose_tp`)."""
+    return member.tensor_parallel_size or backend.tensor_parallel_size
+
+
 def _default_pools() -> dict[str, str]:
     return {"data": "cpu", "agents": "cpu", "bootstrap": "gpu", "rollout": "gpu", "grading": "cpu", "advantage": "cpu",
             "update": "gpu", "evaluation": "gpu"}
@@ -933,7 +940,7 @@ def _require_vllm_cpu(where: str) -> None:
 def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:
     """The ``backend`` group's engine must fit the agent's GPUs and hold a prompt plus the longest response."""
     b = cfg.backend
-    tp = m.tensor_parallel_size or b.tensor_parallel_size
+    tp = fixed_tp(m, b)
     if not 0 < b.gpu_memory_utilization <= 1 or (tp is not None and tp < 1) or b.max_model_len < 1:
         _fail("backend.gpu_memory_utilization must be in (0, 1], the tensor-parallel size and max_model_len >= 1",
               f"Got {b.gpu_memory_utilization}, {tp} and {b.max_model_len}.")

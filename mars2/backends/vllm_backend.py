@@ -42,9 +42,11 @@ class VLLMEngineArgs:
 
 
 def engine_tp(member, backend) -> int:
-    """An agent's tensor-parallel size: the plan's (``member.tensor_parallel_size``, set at the flow's entry), else
-    ``backend.tensor_parallel_size``, else 1 (an unplanned agent: on the CPU, or a model only the workers have)."""
-    return member.tensor_parallel_size or backend.tensor_parallel_size or 1
+    """An agent's tensor-parallel size: the config's (:func:`mars2.config.fixed_tp`: the plan's, set at the flow's
+    entry), else 1 (an unplanned agent: on the CPU, or a model only the workers have)."""
+    from mars2.config import fixed_tp
+
+    return fixed_tp(member, backend) or 1
 
 
 def vllm_engine_args(model_dir: str, member, backend) -> VLLMEngineArgs:

@@ -51,9 +51,9 @@ def require_placeable(cp: ClusterPlan, node_pools: list[str] | tuple[str, ...] =
 def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
     """``run`` with each CUDA member's ``gpus``, ``node``, ``gpu_ids`` and (vLLM) ``tensor_parallel_size`` set to its
     owner's in ``cp`` (a role sharing weights takes its owner's), and ``plan.node_per_agent`` to the layout's: the run
-    uses the layout the plan chose, and planning it again gives the same. A member whose
-    ``node`` or ``gpu_ids`` were given must match the plan's, an owner whose ``update_procs`` was given must fit the
-    plan's GPUs, and every CUDA owner must have GPUs in the plan (:class:`~mars2.plan.PlanRefused`)."""
+    uses the layout the plan chose, and planning it again gives the same (the plan already rules out a layout with
+    fewer GPUs than an owner's ``update_procs``). A member whose ``node`` or ``gpu_ids`` were given must match the
+    plan's, and every CUDA owner must have GPUs in the plan (:class:`~mars2.plan.PlanRefused`)."""
     require_placeable(cp, run.orchestration.node_pools)
     unplaced = [a.name for a in cp.agents if a.device == "cuda" and not a.update_spans]
     if unplaced:  # an evaluation places a plan whose updates need not fit, but every engine needs its own GPUs
@@ -64,10 +64,6 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
     for m in run.agents.members:
         a = planned.get(m.owner)
         if a is not None and a.device == "cuda":
-            if m.shares_weights_with is None and m.update_procs is not None and m.update_procs > a.gpus:
-                raise PlanRefused(f"agent {m.name!r}: update_procs={m.update_procs} but the plan gives it {a.gpus} "
-                                  f"GPU(s) ({cp.chosen}); leave agents.members.N.update_procs unset or give the "
-                                  "cluster more GPUs")
             m = replace(m, gpus=a.gpus, tensor_parallel_size=a.rollout.tp if a.rollout.backend == "vllm" else None)
         ids = gpus.get(m.owner, []) if m.device.startswith("cuda") else []
         node = nodes.get(m.owner, m.node) if m.device.startswith("cuda") else m.node

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mars2.backends.base import cache_columns
-from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig, TrainConfig
+from mars2.config import AgentConfig, ConfigError, PlanConfig, RunConfig, TrainConfig, fixed_tp
 from mars2.plan.memory import (
     GB,
     ZERO_OPTIONS,
@@ -212,12 +212,6 @@ def update_memory(shape: ModelShape, profile: DeepSpeedProfile, *, n: int, dtype
                         reserved_bytes=reserved)
 
 
-def given_tp(member: AgentConfig, cfg: RunConfig) -> int | None:
-    """The tensor-parallel size the config fixes (the member's, else ``backend.tensor_parallel_size``); None: the
-    plan picks it (:func:`choose_tp`)."""
-    return member.tensor_parallel_size or cfg.backend.tensor_parallel_size
-
-
 def tp_candidates(shape: ModelShape, n: int, gpus_per_node: int, replicas: int | None = None) -> list[int]:
     """Tensor-parallel sizes an agent's engines on ``n`` GPUs can take: powers of two within one node that divide
     ``n``, the attention heads and the MLP width (vLLM shards both), whose KV heads they divide or replicate evenly,
@@ -233,16 +227,16 @@ def tp_candidates(shape: ModelShape, n: int, gpus_per_node: int, replicas: int |
 
 def choose_tp(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: int, dtype_bytes: int,
               seq_len: int) -> int:
-    """The tensor-parallel size of the agent's vLLM engines on ``n`` GPUs: the config's (:func:`given_tp`), else the
-    smallest of :func:`tp_candidates` whose engines start and together hold the rollout's requests at once; where none
-    does, the one that holds the most of them, ties to the smaller:
+    """The tensor-parallel size of the agent's vLLM engines on ``n`` GPUs: the config's
+    (:func:`mars2.config.fixed_tp`), else the smallest of :func:`tp_candidates` whose engines start and together hold
+    the rollout's requests at once; where none does, the one that holds the most of them, ties to the smaller:
 
         TP = min argmax_t min(replicas(t) · max_seqs(t), in_flight),   replicas(t) = n // t
 
     (an engine whose weights leave no room for one ``max_model_len`` sequence holds none). Decoding is bound by
     memory traffic: an engine that holds more sequences at once makes more tokens per pass over its weights, so
     when TP 1 leaves room for a handful, a wider engine is faster for the same GPUs."""
-    fixed = given_tp(member, cfg)
+    fixed = fixed_tp(member, cfg.backend)
     if fixed is not None:
         return fixed
     demand = in_flight(cfg)
@@ -265,7 +259,7 @@ def rollout_plan(shape: ModelShape, member: AgentConfig, cfg: RunConfig, *, n: i
     p, weights = cfg.plan, shape.params * dtype_bytes
     gpu_bytes = int(p.gpu_memory_gb * GB)
     if member.backend == "vllm":
-        tp = tp or given_tp(member, cfg) or 1
+        tp = tp or fixed_tp(member, cfg.backend) or 1
         replicas = cfg.backend.data_parallel_size or max(1, n // tp)
         kv = vllm_kv_budget(weights_bytes=weights, gpu_bytes=gpu_bytes, utilization=cfg.backend.gpu_memory_utilization,
                             tp=tp, layers=shape.num_layers, kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
