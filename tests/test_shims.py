@@ -62,7 +62,12 @@ def test_deepspeed_loads_without_mlflow_in_a_fresh_process_and_mlflow_still_impo
              "print('mlflow' in sys.modules, autotuner.has_mlflow)\n"
              "import mlflow\n"
              "print(mlflow.__name__)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    import os
+
+    # as an update rank has it (mars2.train.update.select_accelerator): without it DeepSpeed prints its accelerator
+    # guess to stdout, and whether the worker had it depended on which test ran there before
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False", "mlflow"]
 
