@@ -6,10 +6,15 @@ not even ``kill -9`` of the process that started them leaves them running.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import select
+import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 
 
@@ -50,3 +55,52 @@ def _spawn_forever() -> None:
             done.set_result(subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs))
         except BaseException as e:
             done.set_exception(e)
+
+
+def exit_code(proc: subprocess.Popen) -> int | None:
+    """``proc``'s exit code once it has exited, else None, *without reaping it*: until its parent reaps it, the
+    kernel keeps its pid — and so its process-group id — reserved, so :func:`kill_group` cannot reach a stranger.
+    ``Popen.poll()`` reaps, after which the pid may be reused at once (``pid_max`` is 32768 on many hosts)."""
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped behind Popen's back (not by this module)
+        return proc.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
+    """Wait up to ``timeout`` seconds for ``proc`` to exit, without reaping it (:func:`exit_code`); its exit code,
+    or None if it still runs."""
+    deadline = time.monotonic() + timeout
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while (code := exit_code(proc)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if fd is None:
+                time.sleep(min(left, 0.01))
+            else:
+                select.select([fd], [], [], left)
+        return code
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kill_group(proc: subprocess.Popen) -> int:
+    """SIGKILL the process group that ``proc`` leads (it was started in a session of its own), then reap ``proc``;
+    its exit code. The group is signalled only while ``proc`` is unreaped (running, or a zombie): after the reap its
+    id may already name another process group. Members left in the group after ``proc`` exited (a crashed vLLM's
+    engine core) are reached because ``proc`` is reaped only after the signal."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()

@@ -1,7 +1,6 @@
 """The persistent generation engine (mars2/backends/engine.py): a real engine process on tiny models — in-place
 weight reload with versions, crash restart, shutdown."""
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -13,12 +12,14 @@ import time
 
 import pytest
 import torch
+from pids import Known
 
 from mars2.backends import SamplingParams
 from mars2.backends.base import request_seed
 from mars2.backends.engine import EngineClient, EngineError, EngineSpec
 from mars2.backends.transformers_backend import load_transformers_backend
 from mars2.config import BackendConfig
+from mars2.procs import kill_group, wait_exit
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 
@@ -300,14 +301,14 @@ def test_a_sigterm_that_lands_on_another_thread_than_the_main_one_still_stops_th
     engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
     try:
         pid = engine.pid
+        known = Known.of(pid)
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid and _takes_sigterm(pid, int(t))]
         assert others, "the engine has a thread per connection"
         _tgkill(pid, others[0], signal.SIGTERM)
         assert _gone_within(pid, 15), "SIGTERM on a non-main thread left the engine running"
     finally:
         engine.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        known.kill(signal.SIGKILL)
 
 
 def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(tiny_model_dir, tmp_path):
@@ -329,6 +330,7 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     engine_pid = int(proc.stdout.readline())
+    engine = Known.of(engine_pid)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "engine.sock").exists() and time.monotonic() < deadline:
@@ -338,9 +340,8 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
         proc.wait()
         assert _gone_within(engine_pid, 15), "the engine outlived its parent"
     finally:
-        proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(engine_pid, signal.SIGKILL)
+        kill_group(proc)
+        engine.kill(signal.SIGKILL, group=True)
 
 
 SLOW_VLLM_LOAD = {  # a stand-in vLLM whose load starts its engine core, then takes "minutes" (a 32B model's)
@@ -398,12 +399,14 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     engine_pid = int(proc.stdout.readline())
+    engine = Known.of(engine_pid)
     core_pid = None
     try:
         deadline = time.monotonic() + 60
         while not (core_log.exists() and core_log.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         core_pid = int(core_log.read_text())  # the load has started the engine core and is now "loading"
+        core = Known.of(core_pid)
         assert _alive(engine_pid) and _alive(core_pid)
         if end != "stop-file":
             proc.kill()
@@ -413,12 +416,10 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
         assert _gone_within(engine_pid, 10), f"the loading engine outlived {end}"
         assert _gone_within(core_pid, 10), "the engine core its load started outlived it"
     finally:
-        proc.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(engine_pid, signal.SIGKILL)
+        kill_group(proc)
+        engine.kill(signal.SIGKILL, group=True)
         if core_pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(core_pid, signal.SIGKILL)
+            core.kill(signal.SIGKILL)
 
 
 def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir, tmp_path):
@@ -445,12 +446,11 @@ def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir, tmp_path):
     try:
         engine_pid = int(proc.stdout.readline())
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.stdout.readline().split() == ["1", str(engine_pid)], err.read_text()[-3000:]
-        assert proc.wait(60) == 0
+        assert proc.stdout.readline().split() == ["1", str(engine_pid)], (wait_exit(proc, 5), err.read_text()[-3000:])
+        assert wait_exit(proc, 60) == 0
         assert _gone_within(engine_pid, 20), "the engine outlived the run"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
 
 
 def _alive(pid: int) -> bool:
@@ -782,11 +782,10 @@ def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shu
     try:
         child = int(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "socket gone", "the socket must go before the shutdown starts"
-        assert proc.wait(30) == -signal.SIGKILL
+        assert wait_exit(proc, 30) == -signal.SIGKILL
         assert _gone_within(child, 10), "what the engine started outlived it"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
 
 
 def test_engine_starts_counts_a_first_start_that_failed(tmp_path):

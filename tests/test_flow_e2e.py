@@ -19,6 +19,8 @@ import pandas as pd
 import pytest
 from flowenv import RANDOM_TEAM, flow_env
 
+from mars2.procs import kill_group, wait_exit
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
@@ -289,13 +291,10 @@ def test_a_run_killed_mid_rollout_leaves_no_engine_and_resumes_from_finished_sta
         assert proc.poll() is None and not list((tmp_path / "artifacts" / "rollout").glob("*/MANIFEST.json"))
         engines = _engines(tmp_path)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        assert wait_exit(proc, 60) == -signal.SIGKILL
         _wait_until(lambda: not _engines(tmp_path), 20, f"engines {engines} outlived the killed run")
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the run is left (the sandbox's workers)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # whatever else of the run is left (the sandbox's workers)
     finished = {p.parent.parent.name for p in (tmp_path / "artifacts").glob("*/*/MANIFEST.json")}
     assert {"data", "agents"} <= finished and "rollout" not in finished
 

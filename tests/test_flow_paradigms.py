@@ -1,6 +1,5 @@
 """Paradigm presets and per-agent buffers/checkpoints through the real CLI (slow)."""
 
-import contextlib
 import json
 import os
 import signal
@@ -12,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from flowenv import RANDOM_TEAM, flow_env
+
+from mars2.procs import kill_group, wait_exit
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*RANDOM_TEAM, "eval.before=false", "data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2", "search.max_nodes=4",
@@ -95,7 +96,7 @@ def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_p
             assert proc.poll() is None and time.time() < deadline, "no engine started"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(60) == 128 + signal.SIGTERM
+        assert wait_exit(proc, 60) == 128 + signal.SIGTERM  # unreaped: its group id stays the run's
         log.close()
         stderr = (tmp_path / "stderr.log").read_text()
         # one line saying what happened and what to do, not the connection error the unwinding meets in Prefect
@@ -103,14 +104,21 @@ def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_p
                 in stderr), stderr[-3000:]
         assert "ConnectError" not in stderr and "the run failed" not in stderr
         deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break
+        while _group_members(proc.pid) and time.time() < deadline:
             time.sleep(0.5)
-        else:
-            pytest.fail("processes of the killed run are still alive (the temporary Prefect server?)")
+        assert not _group_members(proc.pid), "processes of the killed run are still alive (the temporary Prefect server?)"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (its leader's zombie excluded)."""
+    members = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members

@@ -55,7 +55,7 @@ from mars2.backends.base import (HANDSHAKE_S, SERVICE_IDLE_EXIT_S, Generation, S
                                  call_seeds, disconnect, keep_alive, request_seed)
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
-from mars2.procs import popen_bound
+from mars2.procs import exit_code, kill_group, popen_bound, wait_exit
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
 STARTS_FILE = "starts"  # a run's engine folder: a line per start on a worker ("<agent> <node> <pid>|fresh|failed")
@@ -156,6 +156,7 @@ class EngineClient:
         self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._pid: int | None = None
+        self._pidfd: int | None = None  # an attached local service's (a process another stage started)
         self._conn = None
         self._lock = threading.RLock()  # the connection, the pending table, restarts
         self._send_lock = threading.Lock()  # writes on the connection (a restart's resends come first)
@@ -233,11 +234,14 @@ class EngineClient:
         record = json.loads(info.read_text())
         local = record.get("node", node_name()) == node_name()
         address = tuple(record["address"]) if record.get("family") == "AF_INET" else record["address"]
+        pidfd = None
         try:
-            if local:
-                os.kill(record["pid"], 0)
+            if local:  # held while attached: _kill signals the service's group only while this names it
+                pidfd = os.pidfd_open(record["pid"])
             conn = connect(address, bytes.fromhex(record["authkey"]), min(HANDSHAKE_S, self.start_timeout_s))
         except (OSError, EOFError, AuthenticationError):
+            if pidfd is not None:
+                os.close(pidfd)
             return False  # gone (or going): start one
         try:
             held = self._handshake(conn, "health")
@@ -248,11 +252,15 @@ class EngineClient:
                 self.spec = replace(self.spec, model_dir=held["model_dir"], version=held["version"])
         except (OSError, EOFError):
             conn.close()  # it died during the handshake (no reader runs yet): start one
+            self._close_pidfd(pidfd)
             return False
         except EngineError:
             conn.close()  # alive but unusable: a second copy of the weights on the node would not help
+            self._close_pidfd(pidfd)
             raise
+        self._close_pidfd(self._pidfd)
         self._conn, self._pid, self._authkey = conn, record["pid"], bytes.fromhex(record["authkey"])
+        self._pidfd = pidfd
         self._proc = None  # another process's child: _kill signals it by pid (on this node only)
         self._local, self._node = local, record.get("node", node_name())
         self._log = Path(record["log"])
@@ -309,10 +317,9 @@ class EngineClient:
         self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            if self._proc.poll() is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)  # what it had started (vLLM's engine core)
-                raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {self._proc.returncode} "
+            if exit_code(self._proc) is not None:
+                code = kill_group(self._proc)  # and what it had started (vLLM's engine core)
+                raise EngineError(f"the engine of agent {self.spec.agent!r} exited with code {code} "
                                   f"while starting; its log: {self._log_where()}\n{self._log_tail()}")
             listening = port_file.exists() if self.listen_tcp else os.path.exists(socket_path)
             if listening:
@@ -463,12 +470,18 @@ class EngineClient:
         if self._conn is not None:
             disconnect(self._conn)
         if self._proc is not None:  # even when it has exited: its group outlives it (a crashed vLLM's children)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
-        elif self._pid is not None and self._local:  # a node service another stage started (on another node: only
+            kill_group(self._proc)
+        elif self._pidfd is not None:  # a node service another stage started on this node (on another node: only
             with contextlib.suppress(ProcessLookupError, PermissionError):  # disconnected, its own node restarts it)
+                signal.pidfd_send_signal(self._pidfd, 0)  # not yet reaped: its group id is still its own
                 os.killpg(self._pid, signal.SIGKILL)
+            self._close_pidfd(self._pidfd)
+
+    def _close_pidfd(self, pidfd: int | None) -> None:
+        if pidfd is not None:
+            os.close(pidfd)
+            if pidfd == self._pidfd:
+                self._pidfd = None
 
     def sleep(self) -> None:
         """Free the accelerator for other stages (the update): the engine moves its weights to host memory and drops
@@ -487,17 +500,18 @@ class EngineClient:
             if self.service_dir is not None:
                 if self._conn is not None:
                     disconnect(self._conn)
+                self._close_pidfd(self._pidfd)
                 self._pid = self._proc = None
                 self._fail(EngineError(f"the engine of agent {self.spec.agent!r} was closed"))
                 if not self.starts:  # attached only: the folder made for a start was never used
                     shutil.rmtree(self._folder, ignore_errors=True)
                 return
         clean = False
-        if proc.poll() is None and self._failed is None:
+        if exit_code(proc) is None and self._failed is None:
             try:
                 self._send("shutdown").result(timeout=10)
-                clean = proc.wait(timeout=10) == 0
-            except (EngineError, OSError, TimeoutError, subprocess.TimeoutExpired):
+                clean = wait_exit(proc, 10) == 0
+            except (EngineError, OSError, TimeoutError):
                 pass
         with self._lock:
             self._kill()

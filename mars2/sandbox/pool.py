@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mars2.cpu import usable_cpus
+from mars2.procs import exit_code, wait_exit
 from mars2.sandbox import isolation
 from mars2.sandbox.runner.wire import encode_frame, take_frame
 
@@ -329,7 +330,7 @@ class Slot:
         return sorted(found)
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and exit_code(self.proc) is None  # unreaped: stop() may still signal its group
 
     def stop(self) -> None:
         """Kill the zygote and everything it started: the sandbox's init at the ``bwrap`` level (its pid namespace
@@ -346,10 +347,11 @@ class Slot:
             self.sandbox_pidfd = None
         if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if proc.returncode is None:  # reaped, its id may name another group by now (mars2.procs.exit_code)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for stream in (proc.stdin, proc.stdout):
             try:
                 if stream is not None:
@@ -367,8 +369,8 @@ class Slot:
         if self.chan is not None and self.alive():
             try:
                 self.chan.send({"op": "exit"})
-                self.proc.wait(timeout=5)  # type: ignore[union-attr]
-            except (SandboxError, subprocess.TimeoutExpired, OSError):
+                wait_exit(self.proc, 5)  # type: ignore[arg-type]
+            except (SandboxError, OSError):
                 pass
         self.stop()
         if self.lease is not None:

@@ -1,0 +1,43 @@
+"""Signals a test sends to a process it knows by pid reach that process only.
+
+Pids are reused (``pid_max`` is 32768 on many hosts, and the sandbox's tests start thousands of processes), so a
+pid read earlier may name another test's process by the time a ``finally`` clause signals it; as root, nothing stops
+the signal. A process is therefore named by its pid *and* its start time (``/proc/<pid>/stat``, field 22).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Known:
+    """A process as seen once: its pid and its start time."""
+
+    pid: int
+    started: int | None
+
+    @classmethod
+    def of(cls, pid: int) -> Known:
+        return cls(pid, start_time(pid))
+
+    def same(self) -> bool:
+        return self.started is not None and start_time(self.pid) == self.started
+
+    def kill(self, sig: int, group: bool = False) -> None:
+        """Send ``sig`` to this process (``group``: to the group it leads) if the pid still names it; a leader gone
+        leaves its group alone (the group id may be reused as soon as its last member is reaped)."""
+        if self.same():
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(self.pid, sig)
