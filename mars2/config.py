@@ -320,8 +320,10 @@ class GradingConfig:
     """auto: the strongest this machine has."""
     parity: str = choice("script", PARITIES)
     """script: programs run as real scripts; lcb: LiveCodeBench's quirks."""
-    stop_at_first_failure: bool = True
-    """on for rewards (LiveCodeBench does it); off for diagnostics."""
+    stop_at_visible_failure: bool = True
+    """stop a program at the first test it visibly failed (a crash, a timeout, a memory, output or disk limit: what
+    the program itself can tell); a wrong answer never stops it, so which tests run never depends on the expected
+    outputs (docs/sandbox.md). Off: every test runs (diagnostics)."""
 
 
 @dataclass

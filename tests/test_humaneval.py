@@ -130,7 +130,7 @@ def test_humaneval_canonical_solutions_pass_164_of_164(humaneval):
             for p in problems]
     with_public = [p for p in problems if p.public_tests]
     public = [job(rows[p.id]["canonical_solution"], p.public_tests, p.func_name) for p in with_public]
-    verdicts = grade_many(body + full + public, grading=GradingConfig(workers=2, stop_at_first_failure=False))
+    verdicts = grade_many(body + full + public, grading=GradingConfig(workers=2, stop_at_visible_failure=False))
     hidden_ok = [v.all_passed for v in verdicts[:328]]
     assert sum(hidden_ok[:164]) == 164 and sum(hidden_ok[164:]) == 164
     public_failed = {p.id: (v.passed, v.total) for p, v in zip(with_public, verdicts[328:]) if not v.all_passed}

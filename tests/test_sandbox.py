@@ -58,10 +58,10 @@ def test_correct_stdin_program_is_accepted_in_both_modes():
         assert v.all_passed and v.time_s > 0
 
 
-def test_wrong_answer_stops_at_first_failure_with_detail():
+def test_wrong_answer_reports_the_first_failure_with_detail_and_runs_on():
     v = grade_program("a, b = map(int, input().split())\nprint(a * b)\n", ADD_TESTS)
     assert v.status == "WA" and not v.all_passed
-    assert (v.passed, v.total) == (0, 3)
+    assert (v.passed, v.total) == (1, 3) and [t.status for t in v.tests] == ["WA", "WA", "AC"]
     assert "test 1/3" in v.detail and "line 1 differs" in v.detail
     assert "input: '1 2\\n'" in v.detail and "expected: '3'" in v.detail and "got: '2\\n'" in v.detail
 
@@ -73,10 +73,11 @@ def test_wrong_answer_detail_is_truncated():
 
 def test_later_failure_counts_earlier_passes_and_stop_option():
     tests = [Case("1 1", "2"), Case("2 2", "4"), Case("3 3", "7"), Case("4 4", "8")]
-    v = grade_program(ADD, tests)
-    assert (v.status, v.passed, v.total) == ("WA", 2, 4) and "test 3/4" in v.detail
+    v = grade_program(ADD, tests)  # the reward setting: a wrong answer does not stop the program
+    assert (v.status, v.passed, v.total) == ("WA", 3, 4) and "test 3/4" in v.detail
+    assert [t.status for t in v.tests] == ["AC", "AC", "WA", "AC"]
     g = grade_program(ADD, [Case("1 1", "2"), Case("3 3", "7"), Case("4 4", "9"), Case("5 5", "10")],
-                      grading=GradingConfig(stop_at_first_failure=False))
+                      grading=GradingConfig(stop_at_visible_failure=False))
     assert (g.status, g.passed) == ("WA", 2) and "test 2/4" in g.detail
     assert [t.status for t in g.tests] == ["AC", "WA", "WA", "AC"]
 
@@ -297,7 +298,7 @@ def test_lcb_mode_serves_more_tests_than_premade_open_mocks():
     tests = [stdin_case(f"{i} {i}", f"{i}\n") for i in range(PREMADE_OPEN_MOCKS + 4)]
     # LiveCodeBench patches builtins.open (its preamble binds the program's own `open` to the real one)
     verdict = grade_program("import builtins\nx = builtins.open(0).read().strip()\nprint(x, x)\n", tests,
-                            grading=GradingConfig(parity="lcb", stop_at_first_failure=False))
+                            grading=GradingConfig(parity="lcb", stop_at_visible_failure=False))
     assert (verdict.status, verdict.passed) == ("AC", len(tests)), verdict
 
 # --- failures other than wrong answers -------------------------------------------------------------
@@ -318,7 +319,7 @@ def test_exception_in_a_thread_does_not_fail_a_correct_output():
 
 
 def test_syntax_error_is_a_compile_error_and_stops_grading():
-    for v in both("print(1 +", ADD_TESTS, stop_at_first_failure=False):
+    for v in both("print(1 +", ADD_TESTS, stop_at_visible_failure=False):
         assert (v.status, v.passed, v.total) == ("CE", 0, 3)
         assert "SyntaxError" in v.detail
 
@@ -433,7 +434,7 @@ def test_functional_values_faking_equality_are_wrong():
                 return [Eq(), MyList([9])][x]
         """
     )
-    for v in both(code, [fn_case("0", "[1, 2]"), fn_case("1", "[1, 2]")], func_name="f", stop_at_first_failure=False):
+    for v in both(code, [fn_case("0", "[1, 2]"), fn_case("1", "[1, 2]")], func_name="f", stop_at_visible_failure=False):
         assert (v.status, v.passed) == ("WA", 0), v
 
 
@@ -494,7 +495,7 @@ def test_grade_many_preserves_order_across_verdicts():
     assert [v.status for v in verdicts] == ["TLE", "AC", "WA", "RE", "NO_CODE", "CE", "AC", "NO_TESTS"]
     assert [v.total for v in verdicts] == [1, 3, 3, 1, 1, 1, 1, 0]
     told = []
-    detailed = grade_many(jobs[:3], grading=GradingConfig(workers=2, time_limit_s=0.5, stop_at_first_failure=False),
+    detailed = grade_many(jobs[:3], grading=GradingConfig(workers=2, time_limit_s=0.5, stop_at_visible_failure=False),
                           progress=lambda done, total: told.append((done, total)))
     assert [len(g.tests) for g in detailed] == [1, 3, 3]
     assert told == [(1, 3), (2, 3), (3, 3)]  # a caller's display is told after each program
@@ -646,7 +647,7 @@ def test_grading_config_fields_are_validated():
     from mars2.config import ConfigError, GradingConfig, RunConfig, validate
 
     g = GradingConfig()
-    assert (g.isolation, g.parity, g.stop_at_first_failure) == ("auto", "script", True)
+    assert (g.isolation, g.parity, g.stop_at_visible_failure) == ("auto", "script", True)
     for field, bad in (("isolation", "docker"), ("parity", "apps"), ("workers", -1)):
         cfg = RunConfig()
         setattr(cfg.grading, field, bad)
@@ -698,5 +699,5 @@ def test_a_crash_or_a_leftover_thread_gives_the_next_test_a_fresh_process():
     )
     tests = [stdin_case("1 2", "1"), stdin_case("0 1", "0"), stdin_case("2", "2"), stdin_case("0 1", "0"),
              stdin_case("3", "3"), stdin_case("0 1", "0")]
-    g = grade_program(code, tests, grading=GradingConfig(stop_at_first_failure=False))
+    g = grade_program(code, tests, grading=GradingConfig(stop_at_visible_failure=False))
     assert [t.status for t in g.tests] == ["AC", "AC", "RE", "AC", "RE", "AC"], g.tests

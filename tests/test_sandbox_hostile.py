@@ -28,6 +28,7 @@ from mars2.config import GradingConfig
 from mars2.data.schema import TestCase as Case
 from mars2.sandbox import GradeJob, SandboxPool, grade_many, probe_isolation
 from mars2.sandbox import isolation
+from mars2.sandbox.pool import Limits
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,13 +171,49 @@ LEARNER = """
 
 
 def test_later_copies_cannot_learn_hidden_answers_from_earlier_ones(pool):
-    """A program that guesses the hidden answer of test 1 and learns from "was I given test 2?" (stop at the first
-    failure) would, with any state that survives between programs, pass every copy after its first right guess.
+    """A program that guesses the hidden answer of test 1 and learns from "was I given test 2?" (as it could if a
+    wrong answer stopped grading) would, with any state that survives between programs, pass every copy after its first right guess.
     With nothing surviving, every copy makes the same first guess ("0") and none passes (the answer is 7)."""
     tests = (Case("secret\n", "7"), Case("echo\n", "echo"))
     verdicts = grade_many([GradeJob(textwrap.dedent(LEARNER), tests)] * 12,
-                          grading=GradingConfig(stop_at_first_failure=True), pool=pool)
-    assert [v.passed for v in verdicts] == [0] * 12, [v.detail for v in verdicts]
+                          grading=GradingConfig(stop_at_visible_failure=True), pool=pool)
+    assert [v.status for v in verdicts] == ["WA"] * 12, [v.detail for v in verdicts]
+    assert all(v.detail.startswith("test 1/2") and "got '0'" in v.detail for v in verdicts), verdicts
+
+
+def test_which_tests_a_program_runs_never_depends_on_whether_its_answers_were_right(pool):
+    """The reward setting (stop at visible failures): a program that answers test 1 wrong is given tests 2 and 3
+    exactly as one that answers it right, so "was I given the next test?" tells it nothing it could carry to the
+    next sample through any channel the host leaves open; a failure the program sees itself (a crash) still
+    stops it. The verdict is the first failure's either way."""
+    tests = (Case("1\n", "7"), Case("2\n", "2"), Case("3\n", "3"))
+    right = "n = input()\nprint(7 if n == '1' else n)\n"
+    wrong = "n = input()\nprint(0 if n == '1' else n)\n"
+    crash = "n = input()\nif n == '1':\n    raise ValueError(n)\nprint(n)\n"
+    ok, wa, re = grade_many([GradeJob(right, tests), GradeJob(wrong, tests), GradeJob(crash, tests)],
+                            grading=GradingConfig(), pool=pool)
+    assert [t.index for t in ok.tests] == [t.index for t in wa.tests] == [1, 2, 3], (ok.tests, wa.tests)
+    assert (ok.status, wa.status, wa.passed) == ("AC", "WA", 2) and wa.detail.startswith("test 1/3")
+    assert [t.index for t in re.tests] == [1] and re.status == "RE"
+
+
+def test_the_next_test_starts_before_the_previous_output_is_judged(pool):
+    """The grader's judgment takes longer on some outputs than on others (where they first differ): the next test
+    is sent before judging, so the moment it starts does not tell the program how its last output was judged."""
+    starts = []
+
+    def slow_judge(index, run):
+        starts.append(float(run.output))
+        time.sleep(0.6)
+
+    slot = pool.acquire()
+    try:
+        ran = slot.run(code="import time\ninput()\nprint(repr(time.time()))\n", mode="stdin", parity="script",
+                       func_name=None, limits=Limits(), inputs=[b"1\n"] * 4, on_result=slow_judge)
+    finally:
+        pool.release(slot)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert ran == 4 and max(gaps) < 0.45, gaps
 
 
 def test_files_left_by_one_program_are_invisible_to_the_next(pool):
@@ -336,25 +373,49 @@ def test_every_inherited_rlimit_is_clamped(pool):
 
 
 def test_the_graders_memory_does_not_grow_with_the_number_of_tests(pool):
-    """Every test answers 4 MiB (wrong), and every test runs (no stop at the first failure): the grader's peak
-    allocation is the same for 2 tests as for 12, about one output, not one per test (each was kept to the end)."""
+    """Every test answers 4 MiB (wrong), and every test runs (no stop at a wrong answer): the grader's peak
+    allocation over 30 tests (120 MiB of output) stays under the bound on outputs held unjudged (HELD_BYTES) plus the
+    few being read and judged; it does not hold one output per test until the end."""
     import tracemalloc
 
     from mars2.sandbox import grade_program
+    from mars2.sandbox.pool import HELD_BYTES
 
     code = "import sys\nsys.stdout.write('x' * (4 << 20))\n"
+    tracemalloc.start()
+    verdict = grade_program(code, [Case(f"{i}\n", "y") for i in range(30)], pool=pool,
+                            grading=GradingConfig(stop_at_visible_failure=False))
+    _, top = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (verdict.status, verdict.passed, len(verdict.tests)) == ("WA", 0, 30)
+    assert top < HELD_BYTES + 4 * (4 << 20), top
 
-    def peak(n: int) -> int:
-        tracemalloc.start()
-        verdict = grade_program(code, [Case(f"{i}\n", "y") for i in range(n)], pool=pool,
-                                grading=GradingConfig(stop_at_first_failure=False))
+
+def test_outputs_waiting_for_a_slow_judgment_go_to_disk_beyond_a_bound(pool):
+    """The program runs ahead of a slow judgment (the pacer never waits for it): outputs not yet judged stay in
+    memory only up to HELD_BYTES, so 32 tests of 4 MiB judged slowly peak near that bound (plus the few outputs
+    being read, framed, spooled back and judged), not near 128 MiB."""
+    import tracemalloc
+
+    from mars2.sandbox.pool import HELD_BYTES
+
+    sizes = []
+
+    def slow_judge(index, run):
+        sizes.append(len(run.output))
+        time.sleep(0.25)
+
+    tracemalloc.start()
+    slot = pool.acquire()
+    try:
+        ran = slot.run(code="import sys\nsys.stdout.write('x' * (4 << 20))\n", mode="stdin", parity="script",
+                       func_name=None, limits=Limits(), inputs=[b"1\n"] * 32, on_result=slow_judge)
+    finally:
+        pool.release(slot)
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert (verdict.status, verdict.passed, len(verdict.tests)) == ("WA", 0, n)
-        return top
-
-    few, many = peak(2), peak(12)
-    assert many < few + (4 << 20), (few, many)
+    assert ran == 32 and sizes == [4 << 20] * 32
+    assert top < HELD_BYTES + 6 * (4 << 20), top
 
 
 # ---- 4. host unix sockets are unreachable -------------------------------------------------------------------------
@@ -544,6 +605,28 @@ def test_a_broken_slot_loses_no_rows(how):
 
 
 # ---- channels through shared kernel state, and programs that stall the runner ----------------------------------
+
+def test_host_wide_kernel_counters_tell_a_program_nothing(pool):
+    """Counters a program could move for a later one to read (forks and context switches in /proc/stat, the thread
+    count in /proc/loadavg, memory, file handles, locks...) read as empty at the bwrap level and cannot be read at
+    the process level (no /proc); the interpreter still knows its CPUs."""
+    paths = [p for p in isolation.HOST_COUNTERS if os.path.exists(p)]
+    assert "/proc/stat" in paths and "/proc/loadavg" in paths
+    code = textwrap.dedent(f"""
+        import os
+        seen = []
+        for path in {paths!r}:
+            try:
+                with open(path) as f:
+                    if f.read():
+                        seen.append(path)
+            except OSError:
+                pass
+        print(os.cpu_count() is not None and not seen, seen)
+        """)
+    [verdict] = grade_many([GradeJob(code, (Case("", "True []"),))], pool=pool)
+    assert verdict.all_passed, verdict.detail
+
 
 PID = "import os\nprint(os.getpid())\n"
 INODE = "import os\nopen('a', 'w').close()\nprint(os.stat('a').st_ino)\n"

@@ -70,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parity", choices=PARITIES, default="script",
                    help="script: run programs as real scripts (default); lcb: reproduce LiveCodeBench's harness quirks")
     p.add_argument("--isolation", choices=ISOLATIONS, default="auto")
-    p.add_argument("--stop-at-first-failure", action="store_true",
-                   help="stop a program at its first failing test (faster; default: run every test)")
+    p.add_argument("--stop-at-visible-failure", action="store_true",
+                   help="stop a program at the first test it visibly failed: a crash, a timeout, a limit, not a wrong "
+                        "answer (the reward setting; default: run every test)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.add_argument("--probe", action="store_true", help="print the isolation this host offers and exit")
     return p
@@ -208,7 +209,7 @@ def _grade(jobs: list, pool, args: argparse.Namespace) -> list:
     from mars2.config import GradingConfig
     from mars2.sandbox import grade_many
 
-    grading = GradingConfig(parity=args.parity, stop_at_first_failure=args.stop_at_first_failure)
+    grading = GradingConfig(parity=args.parity, stop_at_visible_failure=args.stop_at_visible_failure)
     limits = Limits(time_s=args.time_limit, memory_mb=args.memory_mb, disk_mb=args.disk_mb)
     try:
         return grade_many(jobs, grading=grading, pool=pool, limits=limits,

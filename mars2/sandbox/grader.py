@@ -4,7 +4,10 @@ Programs run in sandboxed worker slots (:mod:`mars2.sandbox.pool`); the sandbox 
 program and the test inputs, and hands back raw stdout (stdin tests) or the typed return value
 (functional tests). The comparison with the expected output (:mod:`mars2.sandbox.compare`) happens
 here, in the grader's process, ignoring exit codes and requiring one result per test run. Tests run
-in order; by default grading stops at the first failing test, as LiveCodeBench does.
+in order; by default grading stops at the first test the program *visibly* failed (a crash, a timeout, a memory,
+output or disk limit), never at a wrong answer: whether the next test comes, and when, must not tell a program that
+its output was wrong (it could carry that to the next sample of the problem). The verdict is the first failure's,
+as LiveCodeBench's.
 
 Two parity modes (``GradingConfig.parity``):
 
@@ -183,10 +186,12 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
 
     ``grading`` (default: :class:`~mars2.config.GradingConfig`'s defaults) gives the per-test limits
     (``time_limit_s`` CPU seconds, ``memory_mb``), ``parity`` (``script`` or ``lcb``, see the module docstring),
-    ``isolation`` (of the shared pool used when ``pool`` is None) and ``stop_at_first_failure``. An empty test
+    ``isolation`` (of the shared pool used when ``pool`` is None) and ``stop_at_visible_failure``. An empty test
     list gives ``NO_TESTS`` (checked first), a missing or blank program ``NO_CODE``. A compile error stops
-    grading at once whatever ``stop_at_first_failure`` says (every test would fail the same way). Without stopping,
-    every test runs, ``passed`` counts all passing tests, and ``status``/``detail`` describe the first failure.
+    grading at once whatever ``stop_at_visible_failure`` says (every test would fail the same way). A wrong answer
+    never stops it, and each test is sent before the previous one's output is judged: which tests a program runs,
+    and when, depends only on what it did itself, never on the expected outputs. ``passed`` counts the passing
+    tests among those that ran; ``status``/``detail`` describe the first failure.
 
     ``limits``: every per-test limit at once (replaces ``time_limit_s`` and ``memory_mb``).
     ``isolate_tests=True`` runs every test in its own freshly forked process (script mode; slower) instead of one
@@ -216,17 +221,20 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
     pool = pool or shared_pool(None, grading.isolation)
     outcomes: list[TestVerdict] = []
 
-    def on_result(index: int, run: TestRun) -> bool:
+    def on_result(index: int, run: TestRun) -> None:
         if index == 0:  # a retried program starts again from its first test
             outcomes.clear()
         status, detail = _judge(run, tests[index], prepared[index], limits)
         outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
-        return status == AC or not (grading.stop_at_first_failure or status == CE)
+
+    def stop_after(run: TestRun) -> bool:  # the raw run only: the judgment must not decide what comes next
+        return run.status == "CE" or (grading.stop_at_visible_failure and run.status != "ok")
 
     slot = pool.acquire()
     try:
         slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
-                 inputs=[p.payload for p in prepared], on_result=on_result, isolate_tests=isolate_tests)
+                 inputs=[p.payload for p in prepared], on_result=on_result, stop_after=stop_after,
+                 isolate_tests=isolate_tests)
     except SandboxError as e:  # twice, on a fresh zygote: this program's verdict (the pool counts it and warns)
         return Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}")
     finally:

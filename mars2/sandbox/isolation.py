@@ -402,13 +402,28 @@ def bwrap_argv(spec: SandboxSpec, command: list[str], info_fd: int | None = None
             made.add(directory)
         args += ["--ro-bind", root, root]
         made.add(root)
-    args += ["--ro-bind", SANDBOX_DIR, MOUNTED_SANDBOX_DIR,
-             "--proc", "/proc", "--dev", "/dev",
-             "--perms", "0755", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
+    args += ["--ro-bind", SANDBOX_DIR, MOUNTED_SANDBOX_DIR, "--proc", "/proc", "--dev", "/dev"]
+    for path in HOST_COUNTERS:  # read as empty (a bind of /dev/null: no file of the sandbox's own to write to)
+        if os.path.exists(path):
+            args += ["--dev-bind", "/dev/null", path]
+    args += ["--perms", "0755", "--size", str(spec.tmpfs_bytes), "--tmpfs", "/tmp",
              "--chdir", "/tmp", "--clearenv"]
     for key, value in CHILD_ENV.items():
         args += ["--setenv", key, value]
     return args + ["--"] + command
+
+
+HOST_COUNTERS = (
+    "/proc/stat", "/proc/loadavg", "/proc/meminfo", "/proc/vmstat", "/proc/zoneinfo", "/proc/buddyinfo",
+    "/proc/pagetypeinfo", "/proc/interrupts", "/proc/softirqs", "/proc/schedstat", "/proc/diskstats", "/proc/locks",
+    "/proc/swaps", "/proc/key-users", "/proc/pressure/cpu", "/proc/pressure/io", "/proc/pressure/memory",
+    "/proc/pressure/irq", "/proc/sys/fs/file-nr", "/proc/sys/fs/inode-nr", "/proc/sys/fs/inode-state",
+    "/proc/sys/fs/dentry-state", "/proc/sys/fs/aio-nr", "/proc/sys/kernel/pty/nr",
+    "/proc/sys/kernel/random/entropy_avail",
+)
+"""Host-wide kernel counters a program could move (forks, files, memory, locks, load) for a later program to read:
+at the ``bwrap`` level each reads as empty. (The pid namespace's own counters stay: ``ns_last_pid`` is scrambled
+before each program instead; the ``process`` level reads no ``/proc`` at all.)"""
 
 
 def runner_command(runner_path: str, cfg: dict[str, Any]) -> list[str]:

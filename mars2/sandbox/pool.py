@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 MIB = 1 << 20
 START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
+HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory (beyond: spooled to disk)
 
 
 MIN_TIME_S = 0.05  # below this a CPU-time limit cannot be measured (the clock ticks every 10 ms)
@@ -386,10 +387,13 @@ class Slot:
     # ---- one program --------------------------------------------------------------------------------
 
     def run(self, *, code: str, mode: str, parity: str, func_name: str | None, limits: Limits,
-            inputs: list[bytes], on_result: Callable[[int, TestRun], bool], isolate_tests: bool = False) -> int:
-        """Run ``code`` on ``inputs`` in order; ``on_result(i, run)`` returns False to stop early. Returns the number
-        of tests run. Each test's run (its output, up to ``output_bytes``) goes to ``on_result`` and is not kept: the
-        grader's memory does not grow with the number of tests.
+            inputs: list[bytes], on_result: Callable[[int, TestRun], None],
+            stop_after: Callable[[TestRun], bool] = lambda run: False, isolate_tests: bool = False) -> int:
+        """Run ``code`` on ``inputs`` in order, stopping after a run for which ``stop_after(run)`` is true; each
+        run goes to ``on_result(i, run)`` in this thread. Returns the number of tests judged. A pacing thread feeds
+        the tests (:meth:`_pace`) and never waits for ``on_result``: the time the grader takes to judge an output
+        never reaches the program. Outputs not yet judged are held in memory up to ``HELD_BYTES``, beyond that on
+        disk, and each is dropped once judged: the grader's memory does not grow with the number of tests.
 
         A sandbox failure (the zygote cannot start, dies, stops answering, or could not confine a test process)
         restarts the zygote and retries the program once from the start (the callback sees every test again);
@@ -399,7 +403,8 @@ class Slot:
             try:
                 if not self.alive():
                     self.start()
-                return self._run_once(code, mode, parity, func_name, limits, inputs, on_result, isolate_tests)
+                return self._run_once(code, mode, parity, func_name, limits, inputs, on_result, stop_after,
+                                      isolate_tests)
             except SandboxError as e:
                 self.pool.count_failure()
                 log.warning("sandbox slot %d failed (%s); restarting%s. %s", self.index, e,
@@ -409,7 +414,7 @@ class Slot:
                     raise
         raise AssertionError("unreachable")
 
-    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, isolate_tests) -> int:
+    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests) -> int:
         chan = self.chan
         assert chan is not None
         if self.cgroup is not None and limits.memory_mb > self.cgroup_memory_mb:
@@ -421,25 +426,97 @@ class Slot:
         header, _ = chan.recv(REPLY_GRACE_S + 30)
         if header.get("status") != "ok":
             raise SandboxError(f"the sandbox could not take the program: {header.get('error', header)}")
+        if not inputs:
+            chan.send({"op": "end"})
+            return 0
+        runs: queue.SimpleQueue = queue.SimpleQueue()
+        held = _Held()
+        halt = threading.Event()
+        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt),
+                                 name=f"mars2-sandbox-slot{self.index}", daemon=True)
+        pacer.start()
         ran = 0
-        for index, data in enumerate(inputs):
-            oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
-            chan.send({"op": "test", "index": index}, data)
-            header, payload = chan.recv(limits.wall + REPLY_GRACE_S)
-            status = str(header.get("status", "RE"))
-            error = str(header.get("error", ""))
-            if status == "SIGNAL" and self.cgroup is not None and self.cgroup.oom_kills() > oom_before:
-                status, error = "MLE", f"killed by the out-of-memory killer (memory cgroup); {error}"
-            if status == "SETUP":  # the zygote's own finding: the test process never reached the program
-                raise SandboxError(f"a test process could not be confined: {error}")
-            run = TestRun(status=status, output=payload, error=error, cpu_s=float(header.get("cpu_s", 0.0)),
-                          wall_s=float(header.get("wall_s", 0.0)))
-            ran += 1
-            if not on_result(index, run):
-                break
-            del run, payload  # judged: the next test's output must not sit beside it
-        chan.send({"op": "end"})  # no reply: the zygote cleans up while we compare
+        try:
+            while (item := runs.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                index, run = item
+                run.output = held.take(run.output)
+                ran += 1
+                on_result(index, run)
+                del run, item  # judged: it must not sit beside the next test's output
+        except BaseException:
+            halt.set()  # the pacer ends the program after the test in flight (at most one test's wall time)
+            raise
+        finally:
+            pacer.join()
+            held.drop(runs)
         return ran
+
+    def _pace(self, chan: _Channel, limits: Limits, inputs: list[bytes], stop_after: Callable[[TestRun], bool],
+              runs: queue.SimpleQueue, held: _Held, halt: threading.Event) -> None:
+        """Feed the program its tests one after the other, each as soon as the previous one's run is back (or end
+        it after a run ``stop_after`` stops at), and hand each run to the judging thread through ``runs`` (None at
+        the end, or the exception that ended it). Never waits for a judgment: how fast the grader judges, and how
+        it judged, cannot reach the program through the moment its next test starts."""
+        try:
+            for index in range(len(inputs)):
+                oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
+                chan.send({"op": "test", "index": index}, inputs[index])
+                header, payload = chan.recv(limits.wall + REPLY_GRACE_S)
+                status = str(header.get("status", "RE"))
+                error = str(header.get("error", ""))
+                if status == "SIGNAL" and self.cgroup is not None and self.cgroup.oom_kills() > oom_before:
+                    status, error = "MLE", f"killed by the out-of-memory killer (memory cgroup); {error}"
+                if status == "SETUP":  # the zygote's own finding: the test process never reached the program
+                    raise SandboxError(f"a test process could not be confined: {error}")
+                run = TestRun(status=status, output=b"", error=error, cpu_s=float(header.get("cpu_s", 0.0)),
+                              wall_s=float(header.get("wall_s", 0.0)))
+                last = stop_after(run) or index + 1 == len(inputs) or halt.is_set()
+                if last:
+                    chan.send({"op": "end"})  # no reply: the zygote cleans up while we compare
+                run.output = held.put(payload)
+                del payload
+                runs.put((index, run))
+                if last:
+                    break
+            runs.put(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the judging thread, which raises it
+            runs.put(e if not halt.is_set() else None)
+
+
+class _Held:
+    """Outputs between the pacing thread and the judging one: in memory up to ``HELD_BYTES``, on disk beyond, so
+    the grader's memory does not grow with the number of tests however slowly it judges."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_memory = 0
+
+    def put(self, payload: bytes):
+        with self.lock:
+            if self.in_memory + len(payload) <= HELD_BYTES:
+                self.in_memory += len(payload)
+                return payload
+        spool = tempfile.TemporaryFile(prefix="mars2-output-")  # noqa: SIM115 - closed by take() or drop()
+        spool.write(payload)
+        return spool
+
+    def take(self, held) -> bytes:
+        if isinstance(held, bytes):
+            with self.lock:
+                self.in_memory -= len(held)
+            return held
+        with held:
+            held.seek(0)
+            return held.read()
+
+    def drop(self, runs: queue.SimpleQueue) -> None:
+        """Close what was spooled for runs never judged (the judging stopped early)."""
+        while not runs.empty():
+            item = runs.get()
+            if isinstance(item, tuple) and not isinstance(item[1].output, bytes):
+                item[1].output.close()
 
 
 class SandboxPool:

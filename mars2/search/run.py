@@ -23,7 +23,7 @@ def public_grader(grading: GradingConfig) -> GradeFn:
     from mars2.data.checks import gradable
     from mars2.sandbox import GradeJob, grade_many
 
-    every_test = dataclasses.replace(grading, stop_at_first_failure=False)
+    every_test = dataclasses.replace(grading, stop_at_visible_failure=False)
     return lambda jobs: grade_many([GradeJob(*gradable(*job)) for job in jobs], grading=every_test)
 
 
