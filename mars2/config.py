@@ -462,7 +462,8 @@ class BackendConfig:
     """share of each GPU's memory vLLM takes (weights + KV cache)."""
     tensor_parallel_size: int | None = None
     """GPUs one engine shards the model over; null: the plan picks each GPU agent's (the smallest whose engines hold
-    the rollout's requests at once, else the most of them: docs/plan.md), 1 for agents on the CPU."""
+    the rollout's requests at once, else the most of them: docs/plan.md); agents on the CPU use 1 (a value set
+    here applies to CPU vLLM agents too, and validation refuses it there)."""
     data_parallel_size: int | None = None
     """engines (replicas) per agent; null = the agent's gpus // its tensor-parallel size."""
     max_model_len: int = 8192

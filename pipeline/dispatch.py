@@ -171,6 +171,7 @@ def run_on_pool(pool: str, parameters: dict[str, Any], run_name: str, *, timeout
 
     deployment = f"{STAGE_FLOW}/{pool}"
     what = f"stage {run_name}" if parameters["stage"] in ALL else f"{parameters['stage']} {run_name}"
+    require_worker(pool, what)
     try:
         run = run_deployment(deployment, parameters=parameters, flow_run_name=run_name, timeout=timeout_s,
                              poll_interval=2)
@@ -187,6 +188,36 @@ def run_on_pool(pool: str, parameters: dict[str, Any], run_name: str, *, timeout
         raise RuntimeError(f"{what} failed on pool {pool!r}: flow run {run.name} ({run.id}) "
                            f"ended {state.name}: {state.message or ''}".rstrip(": "))
     return str(run.id)
+
+
+NO_WORKER_WAIT_S = 60.0  # a worker started beside the run registers within seconds; none in this time: none comes
+
+
+def require_worker(pool: str, what: str) -> None:
+    """Fail, instead of waiting for ever, when no worker has ever polled ``pool`` (a stage sent to a pool nobody
+    starts a worker on: Prefect keeps its flow run scheduled until one does). Waits up to ``NO_WORKER_WAIT_S`` for
+    the first one; a pool whose workers are only offline for now (restarting) is waited on as before."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + NO_WORKER_WAIT_S
+    while True:
+        try:
+            with get_client(sync_client=True) as client:
+                if client.read_workers_for_work_pool(work_pool_name=pool):
+                    return
+        except ObjectNotFound:
+            return  # no such pool: the missing deployment is the clearer error (run_on_pool)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"{what} goes to work pool {pool!r}, which no worker has polled (waited {NO_WORKER_WAIT_S:.0f} s): "
+                f"it would wait for ever. Start one where it should run (`prefect worker start --pool {pool}`), or "
+                f"send the stage to a pool that has one (orchestration.pools.<stage>=<pool>; a run on several "
+                f"nodes: orchestration.pools.rollout=<node 0's pool> orchestration.pools.evaluation=<node 0's "
+                f"pool>, docs/team.md section 7)")
+        time.sleep(2)
 
 
 def _cancel(flow_run_id) -> None:

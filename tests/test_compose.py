@@ -26,6 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 HOSTNET = ROOT / "docker" / "compose.hostnet.yml"
+NODES_OVERRIDE = ROOT / "docker" / "compose.nodes.yml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 INIT_SQL = ROOT / "docker" / "postgres-init.sql"
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -75,7 +76,7 @@ def compose_config(env_text: str, tmp_dir: Path, *files: Path, profile: str | No
     if profile:
         args += ["--profile", profile]
     names = set(env_file(ENV_EXAMPLE)) | {"MARS2_PYTHON_IMAGE", "MARS2_POSTGRES_IMAGE", "MARS2_TORCH_WHEEL",
-                                          "MARS2_BIND_ADDRESS", "PREFECT_UI_API_URL"}
+                                          "MARS2_BIND_ADDRESS", "PREFECT_UI_API_URL", "MARS2_NODE_NAME"}
     clean = {k: v for k, v in os.environ.items() if k not in names}
     return subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=clean)
 
@@ -304,9 +305,10 @@ def test_create_pools_makes_a_pool_and_a_stage_deployment_per_node_when_asked(ra
 
 
 def test_a_gpu_worker_serves_engines_to_other_nodes_from_its_node_pool(tmp_path):
-    """With the node's pool and address set, the GPU worker polls that pool, names itself after it, listens for
-    engine connections inside the container on 0.0.0.0 and publishes those ports at the node's address; by default
-    it polls ``gpu`` and publishes on loopback only."""
+    """With the node's pool and address set, the GPU worker polls that pool, is named after it (a stable host name;
+    MARS2_NODE_NAME overrides it for hosts sharing a pool), listens for engine connections inside the container on
+    0.0.0.0, and docker/compose.nodes.yml publishes those ports at the node's address; by default it polls ``gpu``
+    and publishes nothing (a port taken on the host cannot stop a single node's worker)."""
     nodes = ENV_EXAMPLE.read_text() + "MARS2_NODE_POOLS=gpu-node0,gpu-node1\nMARS2_GPU_POOL=gpu-node1\n" \
                                       "MARS2_NODE_ADDRESS=10.0.0.2\nMARS2_ENGINE_PORTS=29700-29701\n" \
                                       "MARS2_PREFECT_API_URL=https://head:8443/api\n"
@@ -314,12 +316,16 @@ def test_a_gpu_worker_serves_engines_to_other_nodes_from_its_node_pool(tmp_path)
                                        (ENV_EXAMPLE.read_text(), "gpu", "127.0.0.1", list(range(29600, 29616)))):
         gpu = resolved(text, tmp_path, profile="gpu")["services"]["worker-gpu"]
         e = env(gpu)
-        assert option(argv(gpu), "--pool") == pool == e["MARS2_NODE_NAME"]
+        assert option(argv(gpu), "--pool") == pool == gpu["hostname"] and not e["MARS2_NODE_NAME"]
         assert (e["MARS2_NODE_ADDRESS"], e["MARS2_ENGINE_BIND_ADDRESS"]) == (address, "0.0.0.0")
         assert e["MARS2_ENGINE_PORTS"] == f"{ports[0]}-{ports[-1]}"
         assert e["PREFECT_API_URL"] == ("https://head:8443/api" if pool != "gpu" else "http://prefect-server:4200/api")
-        pub = published(gpu)
+        assert not published(gpu)
+        multi = resolved(text, tmp_path, COMPOSE, NODES_OVERRIDE, profile="gpu")["services"]["worker-gpu"]
+        pub = published(multi)
         assert sorted(pub) == ports and set(pub.values()) == {address}
+    named = resolved(nodes + "MARS2_NODE_NAME=host-b\n", tmp_path, profile="gpu")["services"]["worker-gpu"]
+    assert env(named)["MARS2_NODE_NAME"] == "host-b"
 
 
 def test_gpu_worker_is_optional_and_reserves_nvidia_gpus(raw):
@@ -389,10 +395,7 @@ def test_local_bases_are_one_variable_away(tmp_path):
 def test_uis_are_published_on_loopback_only(services):
     assert published(services["prefect-server"]) == {PREFECT_PORT: "127.0.0.1"}
     assert published(services["mlflow"]) == {MLFLOW_PORT: "127.0.0.1"}
-    for name in ("postgres", "create-pools", *WORKERS):
-        if name == "worker-gpu":  # its engine ports, on loopback unless MARS2_NODE_ADDRESS names the node's address
-            assert set(published(services[name]).values()) == {"127.0.0.1"}
-            continue
+    for name in ("postgres", "create-pools", *WORKERS):  # worker-gpu's engine ports: docker/compose.nodes.yml
         assert not published(services[name]), f"{name} must not be published"
 
 
@@ -572,7 +575,7 @@ SECRET_KEY = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|AUTH_STRING", re.I)
 def test_no_secret_literal_is_committed(raw):
     """Every password in the compose files is a ${VAR} from the git-ignored .env; the init SQL and the auth ini
     read theirs from the environment; .env.example holds placeholders only, none of which is copied anywhere."""
-    for path in (COMPOSE, HOSTNET):
+    for path in (COMPOSE, HOSTNET, NODES_OVERRIDE):
         for name, svc in yaml.safe_load(path.read_text())["services"].items():
             for key, value in env(svc).items():
                 if SECRET_KEY.search(key):

@@ -424,6 +424,31 @@ def _logs(stack) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stage_sent_to_a_pool_no_worker_polls_fails_naming_it_instead_of_waiting(stack, monkeypatch):
+    """A stage routed to a pool that exists but that no worker polls (the default gpu pool of a run whose workers
+    poll only node pools) fails after NO_WORKER_WAIT_S, naming the pool and the fix; Prefect alone would keep its
+    flow run scheduled for ever."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import pipeline.dispatch as dispatch
+
+    made = subprocess.run(["prefect", "work-pool", "create", "nobody", "--type", "process"], cwd=ROOT,
+                          env=stack["env"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stdout + made.stderr
+    monkeypatch.setattr(dispatch, "NO_WORKER_WAIT_S", 3.0)
+    started = time.monotonic()
+    with temporary_settings(updates={PREFECT_API_URL: stack["api"]}), \
+            pytest.raises(RuntimeError, match=r"work pool 'nobody', which no worker has polled.*"
+                                              r"prefect worker start --pool nobody"):
+        dispatch.run_on_pool("nobody", {"stage": "rollout", "args": {}, "pool": "nobody"}, "rollout c0",
+                             timeout_s=None, timeout_hint="orchestration.stage_timeout_s")
+    assert time.monotonic() - started < 30
+    with temporary_settings(updates={PREFECT_API_URL: stack["api"]}):
+        dispatch.require_worker("gpu1", "stage x")  # a pool with a worker: passes at once
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_registration_makes_every_deployment(stack):
     for name in ("train-cycle/cpu", "sweep/cpu", "stage/cpu", "stage/gpu", "stage/gpu1"):

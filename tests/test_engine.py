@@ -1,6 +1,7 @@
 """The persistent generation engine (mars2/backends/engine.py): a real engine process on tiny models — in-place
 weight reload with versions, crash restart, shutdown."""
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -727,6 +728,38 @@ def test_a_restart_that_fails_with_any_error_fails_the_callers_naming_the_agent(
             engine.submit("x", PARAMS, 1).result(timeout=60)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("asleep", [False, True])
+def test_a_load_refused_after_a_wake_without_weights_leaves_the_engine_serving_no_version(asleep):
+    """The folder passes the check, then the engine's own look refuses it (storage that went away meanwhile): an
+    engine that was awake keeps its version; one woken from sleep without its weights (vLLM's level 2 kept none)
+    holds discarded memory, so it serves no version until a load works, instead of garbage under the old name."""
+    from mars2.backends.base import CheckpointRefused
+    from mars2.backends.engine_server import EngineState, handle
+
+    class RefusingEngine:
+        def check(self, model_dir):
+            pass
+
+        def wake(self, restore=True):
+            pass
+
+        @contextlib.contextmanager
+        def drained(self):
+            yield
+
+        def load(self, model_dir):
+            raise CheckpointRefused(f"{model_dir} cannot be read")
+
+    state = EngineState(RefusingEngine(), "model-v1", "v1", asleep=asleep)
+    answers = []
+    handle(state, ("load", "model-v2", "v2"), lambda status, value: answers.append((status, value)))
+    assert answers[0][0] == "error" and "cannot be read" in answers[0][1]
+    assert state.version == (None if asleep else "v1") and not state.asleep
+    handle(state, ("sample", "v1", "x", vars(PARAMS), 1), lambda status, value: answers.append((status, value)))
+    if asleep:
+        assert answers[1][0] == "error" and "no version" in answers[1][1]
 
 
 def test_an_answer_that_cannot_be_pickled_reaches_its_caller_as_an_error():

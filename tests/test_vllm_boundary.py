@@ -319,3 +319,36 @@ def test_a_vllm_engine_on_the_cpu_never_asks_for_sleep_mode(tmp_path, monkeypatc
     finally:
         engine.close()
     assert "sleep" not in log.read_text() and "wake" not in log.read_text()
+
+
+def test_a_reload_folder_missing_a_tensor_of_the_served_model_is_refused(tiny_model_dir, tmp_path):
+    """vLLM's in-place reload only warns about a tensor the new folder lacks and keeps that layer's old weights (a
+    model half old, half new under the new version): the check refuses such a folder, naming the tensor; a tied
+    output projection a folder leaves out is not missing."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from mars2.backends.base import CheckpointRefused
+    from mars2.backends.vllm_engine import check_safetensors, tensor_names
+
+    served = tensor_names(str(tiny_model_dir))
+    check_safetensors(str(tiny_model_dir), served)  # the same folder passes
+    tensors = load_file(str(tiny_model_dir / "model.safetensors"))
+    dropped = next(name for name in sorted(tensors) if "layers.1.mlp" in name)
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_model_dir, partial)
+    save_file({k: v for k, v in tensors.items() if k != dropped}, str(partial / "model.safetensors"))
+    with pytest.raises(CheckpointRefused, match=f"lacks 1 tensor.*{dropped}"):
+        check_safetensors(str(partial), served)
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    untied = served | {"lm_head.weight"}
+    for tied in (True, False):
+        (partial / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tied}))
+        save_file({k: v for k, v in tensors.items() if k != "lm_head.weight"}, str(partial / "model.safetensors"))
+        if tied:
+            check_safetensors(str(partial), untied)
+        else:
+            with pytest.raises(CheckpointRefused, match="lm_head.weight"):
+                check_safetensors(str(partial), untied)

@@ -484,8 +484,9 @@ class EngineClient:
                 self._pidfd = None
 
     def sleep(self) -> None:
-        """Free the accelerator for other stages (the update): the engine moves its weights to host memory and drops
-        its caches once its requests are done; the next request or load moves them back."""
+        """Free the accelerator for other stages (the update) once the engine's requests are done: a vLLM engine
+        discards its weights and caches (sleep level 2), and the next load, or a request, wakes it and loads weights
+        again (the new folder, or the one it held); the transformers engine moves its weights to host memory."""
         self._call("sleep")
         self._asleep = True
 

@@ -157,6 +157,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 # refused before anything moves: a sleeping vLLM engine (level 2 kept no weights) stays asleep and
                 # reloads the folder it holds when a request wakes it, instead of serving discarded memory
                 state.engine.check(model_dir)
+                discarded = state.asleep  # woken without its weights: any failed load leaves it serving nothing
                 if state.asleep:  # vLLM cannot reload into a sleeping engine; the folder it held is replaced at once
                     state.engine.wake(restore=False)
                     state.asleep = False
@@ -164,7 +165,9 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 try:
                     state.engine.load(model_dir)
                 except CheckpointRefused:
-                    raise  # nothing was copied: it keeps serving the version it holds
+                    if discarded:  # refused on a second look (a folder that went unreadable since the check)
+                        state.version = None
+                    raise  # else nothing was copied: it keeps serving the version it holds
                 except BaseException:
                     state.version = None  # some weights may be new, some old: it serves nothing until a load works
                     raise

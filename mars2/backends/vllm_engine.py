@@ -43,6 +43,7 @@ class VLLMEngine:
 
         self.stop_token_ids = list(stop_token_ids)
         self.model_dir = engine_args["model"]
+        self.tensors = tensor_names(self.model_dir)  # what every later folder must hold (check)
         # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
         self.loop = asyncio.new_event_loop()
@@ -111,8 +112,10 @@ class VLLMEngine:
                 self._cv.notify_all()
 
     def check(self, model_dir: str) -> None:
-        """:class:`~mars2.backends.base.CheckpointRefused` unless ``model_dir``'s safetensors files read."""
-        check_safetensors(model_dir)
+        """:class:`~mars2.backends.base.CheckpointRefused` unless ``model_dir``'s safetensors files read and hold every
+        tensor the engine's first folder held (vLLM's in-place reload only warns about a missing one and keeps that
+        layer's old weights)."""
+        check_safetensors(model_dir, self.tensors)
 
     def load(self, model_dir: str) -> None:
         self.check(model_dir)
@@ -191,16 +194,43 @@ def family_cpu_seconds(pid: int) -> float:
     return sum(stats[p][1] for p in family if p in stats)
 
 
-def check_safetensors(model_dir: str) -> None:
-    """The folder holds safetensors files whose headers read (:class:`CheckpointRefused` otherwise), checked before
-    vLLM starts overwriting weights."""
+def check_safetensors(model_dir: str, expected: frozenset[str] = frozenset()) -> None:
+    """The folder holds safetensors files whose headers read and name every tensor of ``expected``
+    (:class:`CheckpointRefused` otherwise), checked before vLLM starts overwriting weights. A tied output projection
+    (``lm_head.weight`` where the folder's config ties it to the embeddings) may be left out."""
+    from mars2.backends.base import CheckpointRefused
+
+    missing = expected - tensor_names(model_dir)
+    if missing and "lm_head.weight" in missing and _ties_embeddings(model_dir):
+        missing = missing - {"lm_head.weight"}
+    if missing:
+        shown = ", ".join(sorted(missing)[:3]) + (", ..." if len(missing) > 3 else "")
+        raise CheckpointRefused(f"{model_dir} lacks {len(missing)} tensor(s) of the model the engine serves: {shown}")
+
+
+def tensor_names(model_dir: str) -> frozenset[str]:
+    """The tensors a model folder's safetensors files name (their headers only; :class:`CheckpointRefused` when one
+    cannot be read)."""
     from safetensors import safe_open
 
     from mars2.backends.base import CheckpointRefused, checkpoint_files
 
+    names: set[str] = set()
     for f in checkpoint_files(model_dir):
         try:
             with safe_open(str(f), framework="pt") as handle:
-                handle.keys()
+                names.update(handle.keys())
         except Exception as e:
             raise CheckpointRefused(f"{f} cannot be read: {type(e).__name__}: {e}") from e
+    return frozenset(names)
+
+
+def _ties_embeddings(model_dir: str) -> bool:
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)))
