@@ -540,6 +540,24 @@ def test_slot_folders_do_not_outlive_a_killed_grader(tmp_path):
     assert not stale.exists() and fresh.exists()  # one being set up right now is left alone
 
 
+def test_fallocate_cannot_reserve_disk_past_the_file_size_limit(pool):
+    """``fallocate(FALLOC_FL_KEEP_SIZE)`` allocates blocks without growing the file, so the file-size limit never
+    sees them: one call put 1 GiB on the host's /tmp at the process level, past every quota poll. Any mode flag is
+    refused (EOPNOTSUPP) and nothing is allocated; the plain mode is bounded by the file-size limit like a write."""
+    keep_size = textwrap.dedent("""
+        import ctypes, errno, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open("big", os.O_CREAT | os.O_WRONLY, 0o600)
+        refused = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(1 << 30)) == -1 and ctypes.get_errno()
+        print(refused == errno.EOPNOTSUPP, os.fstat(fd).st_blocks)
+        """)
+    plain = "import os\nfd = os.open('big', os.O_CREAT | os.O_WRONLY, 0o600)\nos.posix_fallocate(fd, 0, 1 << 30)\n"
+    flagged, grown = grade_many([GradeJob(keep_size, (Case("", "True 0"),)), GradeJob(plain, (Case("", ""),))],
+                                pool=pool)
+    assert flagged.all_passed, flagged.detail
+    assert grown.status == "RE" and "output limit" in grown.detail, grown.detail
+
+
 # ---- 7. malformed input: a clear error per row or per flag, never a traceback or lost rows -----------------------
 
 def test_lone_surrogates_in_test_data_are_a_row_error(tmp_path):

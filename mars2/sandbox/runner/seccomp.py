@@ -2,7 +2,8 @@
 
 Denied (EPERM): ptrace, process_vm_*, kcmp, pidfd_getfd, bpf, perf_event_open, userfaultfd, keys, mount and
 namespace calls (the new mount API included), io_uring, SysV/mq IPC, kernel-admin calls, setting the host name,
-the domain name or any clock; ``mknod``/``mknodat`` of a character or block device; ``prlimit64``,
+the domain name or any clock; ``mknod``/``mknodat`` of a character or block device; ``fallocate`` with any mode
+flag (EOPNOTSUPP: ``FALLOC_FL_KEEP_SIZE`` allocates past the file-size limit); ``prlimit64``,
 ``sched_set{param,scheduler,affinity,attr}`` aimed at any process but the caller (pid 0), ``setpriority`` and
 ``ioprio_set`` other than for the caller itself, ``migrate_pages``/``move_pages``/``process_madvise``.
 ``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
@@ -45,7 +46,7 @@ _ARCHES = {
         "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
         "setxattrat": 463, "removexattrat": 466,
         "ioctl": 16, "fcntl": 72, "umask": 95, "mkdir": 83, "mkdirat": 258, "rt_sigqueueinfo": 129,
-        "rt_tgsigqueueinfo": 297,
+        "rt_tgsigqueueinfo": 297, "fallocate": 285,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
@@ -69,6 +70,7 @@ _ARCHES = {
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
         "setxattrat": 463, "removexattrat": 466,
         "ioctl": 29, "fcntl": 25, "umask": 166, "mkdirat": 34, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+        "fallocate": 47,
     }),
 }
 DENIED = (
@@ -133,6 +135,7 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
     if "mknod" in nrs:
         prog.append(("jeq", nrs["mknod"], "mknod"))
     prog.append(("jeq", nrs["mknodat"], "mknodat"))
+    prog.append(("jeq", nrs["fallocate"], "fallocate"))
     for name in ("fork", "vfork"):
         if name in nrs and no_process_creation:
             prog.append(("jeq", nrs[name], "eagain"))
@@ -161,6 +164,8 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
         if name in nrs:
             prog += [("label", name), ("ld", mode_offset), ("and", S_IFMT), ("jeq", S_IFCHR, "eperm"),
                      ("jeq", S_IFBLK, "eperm"), ("ret", _RET_ALLOW)]
+    # fallocate's plain mode (0) only: the file-size limit bounds it; KEEP_SIZE would allocate past it unchecked
+    prog += [("label", "fallocate"), ("ld", 24), ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EOPNOTSUPP)]
     prog += [("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY, "eperm")]
     if no_process_creation:
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
