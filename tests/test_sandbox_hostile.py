@@ -646,6 +646,72 @@ def test_host_wide_kernel_counters_tell_a_program_nothing(pool):
     assert verdict.all_passed, verdict.detail
 
 
+DETACHED_WORKER = """
+    import os, time
+    r, w = os.pipe()
+    try:
+        if os.fork() == 0:              # a grandchild the test process never reaps: its parent exits at once
+            os.setsid()
+            if os.fork() == 0:
+                end = time.process_time() + {seconds}
+                while time.process_time() < end:
+                    pass
+                os.write(w, b"7")       # the "work" done, handed back
+            os._exit(0)
+        os.close(w)
+        print(os.read(r, 1).decode())   # the test process itself spends no CPU: it waits
+    except OSError:                     # no process creation at this level: the attack cannot start
+        print(input())
+    """
+
+
+@pytest.mark.parametrize("isolate_tests", [False, True])
+def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests):
+    """A program that has a detached grandchild do its work (1.2 s of CPU) and waits for the answer passed a 0.5 s
+    CPU limit with 0 s recorded when the grandchild was reaped by no one in the test: the CPU of every process of
+    the test counts, reaped or not, and the verdict is a time-limit one."""
+    code = textwrap.dedent(DETACHED_WORKER.format(seconds=1.2))
+    [verdict] = grade_many([GradeJob(code, (Case("7\n", "7"),))], pool=pool, isolate_tests=isolate_tests,
+                           grading=GradingConfig(time_limit_s=0.5))
+    if pool.level == "process" and not probe_isolation()["process_dedicated_uid"]:  # no process creation here:
+        assert verdict.all_passed and verdict.tests[0].cpu_s < 0.5, verdict  # nothing was detached, nothing spent
+        return
+    assert verdict.status == "TLE" and verdict.tests[0].cpu_s >= 1.0, (verdict.status, verdict.detail,
+                                                                      verdict.tests)
+
+
+def test_spinners_in_one_slot_cannot_starve_the_program_in_another():
+    """One program starts 8 spinning processes, each in a session of its own, for its whole wall time; an honest program in the other slot needs
+    0.8 s of CPU under a 1 s limit (3 s of wall clock). Each slot weighs the same on the CPU whatever it runs (its
+    cgroup's share), so the honest one finishes in time instead of getting a wall-clock TLE."""
+    if not probe_isolation().get("cgroup") or not probe_isolation().get("bwrap"):
+        pytest.skip("slot cgroups need root and a cgroup hierarchy; this test needs processes (bwrap)")
+    spinners = textwrap.dedent("""
+        import os
+        for _ in range(8):
+            if os.fork() == 0:
+                os.setsid()  # a session each: the kernel's per-session fairness (autogroup) no longer holds them
+                break
+        while True:
+            pass
+        """)
+    honest = textwrap.dedent("""
+        import time
+        end = time.process_time() + 0.8
+        while time.process_time() < end:
+            pass
+        print(input())
+        """)
+    pool = SandboxPool(2, "bwrap")
+    try:
+        hog, fair = grade_many([GradeJob(spinners, (Case("", "x"),)), GradeJob(honest, (Case("7\n", "7"),))],
+                               pool=pool, grading=GradingConfig(time_limit_s=1.0, workers=2))
+    finally:
+        pool.close()
+    assert hog.status == "TLE"
+    assert fair.all_passed, (fair.status, fair.detail, fair.tests)
+
+
 PID = "import os\nprint(os.getpid())\n"
 INODE = "import os\nopen('a', 'w').close()\nprint(os.stat('a').st_ino)\n"
 BURN = """

@@ -250,11 +250,14 @@ def _remove_tree(path: str) -> None:
 
 
 class SlotCgroup:
-    """Memory and pids limits for one slot's whole sandbox (cgroup v1 or v2), created once, reused.
+    """Memory and pids limits, and a CPU share, for one slot's whole sandbox (cgroup v1 or v2), created once,
+    reused.
 
     The memory limit caps everything the slot holds (the zygote, a test and all its children, its
     tmpfs files), which ``RLIMIT_AS`` (per process) cannot; an OOM kill inside it is reported as
-    ``MLE``. The pids limit caps fork bombs independently of uids.
+    ``MLE``. The pids limit caps fork bombs independently of uids. The CPU controller (where the host has one)
+    gives every slot the same weight whatever number of processes it runs, so the processes one program leaves
+    spinning cannot starve the program in another slot into a wall-clock time-out.
     """
 
     def __init__(self, version: str, name: str, memory_bytes: int, pids_max: int) -> None:
@@ -269,10 +272,22 @@ class SlotCgroup:
             _write(os.path.join(self.memory_dir, "memory.limit_in_bytes"), str(memory_bytes))
             _write(os.path.join(self.pids_dir, "pids.max"), str(pids_max))
             self.events = os.path.join(self.memory_dir, "memory.oom_control")
+            # at the top of the cpu hierarchy, with the default weight (cpu.shares 1024): each slot weighs as much
+            # as one process on the host, as its test process did before, however many processes a program starts
+            cpu = os.path.join("/sys/fs/cgroup", "cpu", f"{CGROUP_NAME}-{name}")
+            try:
+                os.makedirs(cpu, exist_ok=True)
+                self.dirs.append(cpu)
+            except OSError:
+                pass  # no cpu controller here: slots share the CPU as their processes do (docs/sandbox.md)
         else:
             top = os.path.join("/sys/fs/cgroup", CGROUP_NAME)
             os.makedirs(top, exist_ok=True)
             _write(os.path.join(top, "cgroup.subtree_control"), "+memory +pids")
+            try:  # the same weight (cpu.weight 100) for every slot, where the cpu controller is delegated
+                _write(os.path.join(top, "cgroup.subtree_control"), "+cpu")
+            except OSError:
+                pass
             path = os.path.join(top, name)
             os.makedirs(path, exist_ok=True)
             self.dirs.append(path)

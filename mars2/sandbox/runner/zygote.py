@@ -138,6 +138,9 @@ class Zygote:
         self.base_vm = vm_size()
         # not dumpable: a test running as our uid (no dedicated uid) cannot read our memory via /proc
         _libc().prctl(4, 0, 0, 0, 0)
+        # a child subreaper: whatever a test detaches (double forks, setsid) is reparented to us, not to an init
+        # outside the test's accounting, so its CPU time reaches the test's verdict when we reap it
+        _libc().prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
         import gc
 
         gc.collect()
@@ -331,8 +334,8 @@ class Zygote:
                                                             lambda: run_script_child(program, payload),
                                                             stdout_to_null=(mode != "stdin"))
             waited = self._wait(pid, limits, work)
-            self._kill_leftovers()
-            return self._collect(waited, limits, fds, mode, self._ready(proc))
+            detached = self._kill_leftovers()  # what the test left running or unreaped: its CPU is the test's too
+            return self._collect(waited, limits, fds, mode, self._ready(proc), detached)
         finally:
             self._close_ready(proc)
             self._cleanup_io(folder, work, fds)
@@ -412,8 +415,8 @@ class Zygote:
             quota = self.meter.exceeded(work, None, limits)
         return status, rusage, time.monotonic() - start, killed, quota
 
-    def _collect(self, waited, limits, fds, mode, ready):
-        reply, out = self._collect_once(waited, limits, fds, mode, ready)
+    def _collect(self, waited, limits, fds, mode, ready, detached=0.0):
+        reply, out = self._collect_once(waited, limits, fds, mode, ready, detached)
         return self._quota_verdict(reply, limits), out
 
     @staticmethod
@@ -425,9 +428,9 @@ class Zygote:
                 reply["status"], reply["error"] = found
         return reply
 
-    def _collect_once(self, waited, limits, fds, mode, ready):
+    def _collect_once(self, waited, limits, fds, mode, ready, detached=0.0):
         status, rusage, wall, killed, quota = waited
-        cpu = rusage.ru_utime + rusage.ru_stime
+        cpu = rusage.ru_utime + rusage.ru_stime + detached
         out = read_head(fds["out"], limits["output_bytes"]) if mode == "stdin" else b""
         err = read_tail(fds["err"], STDERR_TAIL).decode("utf-8", "replace")
         reply = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 4), "maxrss_kb": rusage.ru_maxrss}
@@ -503,6 +506,7 @@ class Zygote:
             program["session"] = None
             status, rusage = session.get("exit", (None, None))
             cpu = max(0.0, rusage.ru_utime + rusage.ru_stime - cpu_before) if rusage is not None else 0.0
+            cpu += session.get("detached_cpu", 0.0)
             reply = {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
             if not session["ready"]:
                 reply.update(status="SETUP",
@@ -526,6 +530,14 @@ class Zygote:
             return self._quota_verdict(reply, limits), b""
         _, header, out = answer
         cpu = max(0.0, proc_cpu(session["pid"]) - cpu_before)
+        if header.get("dirty"):  # it left threads or processes: they go now, and the CPU they used is this test's
+            quota = self.meter.exceeded(session["work"], session["pid"], limits)
+            self._close_session(session)
+            program["session"] = None
+            _, rusage = session.get("exit", (None, None))
+            if rusage is not None:
+                cpu = max(cpu, rusage.ru_utime + rusage.ru_stime - cpu_before)
+            cpu += session.get("detached_cpu", 0.0)
         reply = {"status": header.get("status", "RE"), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
         if reply["status"] not in ("ok", "RE", "MLE", "CE", "TLE"):
             reply.update(status="RE", error="malformed result from the test process")
@@ -536,12 +548,13 @@ class Zygote:
         if len(out) > limits["output_bytes"]:
             reply.update(status="OLE", error=f"output limit ({limits['output_bytes']} bytes) exceeded")
             out = b""
-        quota = self.meter.exceeded(session["work"], session["pid"], limits)
+        if not header.get("dirty"):
+            quota = self.meter.exceeded(session["work"], session["pid"], limits)
         if quota is not None:
             reply.update(status="QUOTA", error=quota)
             out = b""
         self._quota_verdict(reply, limits)
-        if header.get("dirty") or reply["status"] in ("TLE", "QUOTA"):
+        if not session.get("closed") and reply["status"] in ("TLE", "QUOTA"):
             self._close_session(session)
             program["session"] = None
         return reply, out
@@ -664,7 +677,9 @@ class Zygote:
             session["err_tail"] = read_tail(session["fds"]["err"], STDERR_TAIL).decode("utf-8", "replace")
         except OSError:
             pass
-        self._kill_leftovers()  # first: a daemon of the program could re-link files into the folder being removed
+        # first: a daemon of the program could re-link files into the folder being removed; what it reaps is the
+        # CPU of the last test's detached processes
+        session["detached_cpu"] = self._kill_leftovers()
         self._cleanup_io(session["scratch"], session["work"], session["fds"])
 
     def _script_session_child(self, program):
@@ -677,29 +692,47 @@ class Zygote:
 
     def _kill_leftovers(self):
         """Kill every process a test left behind (daemons, setsid() escapees), then wait until gone: everything in
-        our pid namespace but us, its init and the mount helper, or every process of the slot's uid."""
+        our pid namespace but us, its init and the mount helper, or every process of the slot's uid. Returns the CPU
+        seconds of what was reaped (ours to reap as the subreaper), which the test's own ``wait4`` never saw."""
         keep = {self.mounter.pid} if self.mounter is not None else set()
         if self.pidns:
             me = os.getpid()
             if not [p for p in ns_pids(me) if p not in keep]:
-                return
+                return reap_children()
             if keep:  # the helper is root: kill as the tests' uid, which reaches exactly theirs
                 self._kill_uid()
             else:
                 try:
                     os.kill(-1, signal.SIGKILL)  # everything in our pid namespace but us and its init
                 except ProcessLookupError:
-                    return
-            reap_children()
+                    return reap_children()
+            cpu = reap_children()
             deadline = time.monotonic() + 5.0
             while [p for p in ns_pids(me) if p not in keep] and time.monotonic() < deadline:
-                reap_children()
+                cpu += reap_children()
                 time.sleep(0.005)
-        elif self.uid is not None:
+            return cpu
+        if self.uid is not None:
             self._kill_uid()
-            reap_children()
-        else:
-            reap_children()
+            cpu = reap_children()
+            deadline = time.monotonic() + 5.0  # killed orphans reach us (the subreaper) as they die
+            while self._uid_pids() and time.monotonic() < deadline:
+                cpu += reap_children()
+                time.sleep(0.005)
+            return cpu + reap_children()
+        return reap_children()
+
+    def _uid_pids(self):
+        """The processes of the slot's uid (at the process level, the tests' processes)."""
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.stat(f"/proc/{entry}").st_uid == self.uid:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
 
     def _kill_uid(self):
         """``kill(-1, SIGKILL)`` as the slot's uid, from a child: every process of that uid but the child dies."""
