@@ -194,25 +194,31 @@ NO_WORKER_WAIT_S = 60.0  # a worker started beside the run registers within seco
 
 
 def require_worker(pool: str, what: str) -> None:
-    """Fail, instead of waiting for ever, when no worker has ever polled ``pool`` (a stage sent to a pool nobody
-    starts a worker on: Prefect keeps its flow run scheduled until one does). Waits up to ``NO_WORKER_WAIT_S`` for
-    the first one; a pool whose workers are only offline for now (restarting) is waited on as before."""
+    """Fail, instead of waiting for ever, when no worker polls ``pool`` (a stage sent to a pool nobody runs a worker
+    on: Prefect keeps its flow run scheduled until one does). A worker counts while the server holds it ONLINE
+    (Prefect keeps every worker that ever polled, and marks it OFFLINE after three missed heartbeats); waits up to
+    ``NO_WORKER_WAIT_S`` for one (a worker starting or restarting)."""
     import time
 
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     deadline = time.monotonic() + NO_WORKER_WAIT_S
     while True:
         try:
             with get_client(sync_client=True) as client:
-                if client.read_workers_for_work_pool(work_pool_name=pool):
+                if any(str(w.status).upper().endswith("ONLINE")
+                       for w in client.read_workers_for_work_pool(work_pool_name=pool)):
                     return
         except ObjectNotFound:
             return  # no such pool: the missing deployment is the clearer error (run_on_pool)
+        except PrefectHTTPStatusError as e:
+            if e.response.status_code == 404:  # this call reports a missing pool as a bare 404
+                return
+            raise
         if time.monotonic() >= deadline:
             raise RuntimeError(
-                f"{what} goes to work pool {pool!r}, which no worker has polled (waited {NO_WORKER_WAIT_S:.0f} s): "
+                f"{what} goes to work pool {pool!r}, which no worker polls (waited {NO_WORKER_WAIT_S:.0f} s): "
                 f"it would wait for ever. Start one where it should run (`prefect worker start --pool {pool}`), or "
                 f"send the stage to a pool that has one (orchestration.pools.<stage>=<pool>; a run on several "
                 f"nodes: orchestration.pools.rollout=<node 0's pool> orchestration.pools.evaluation=<node 0's "

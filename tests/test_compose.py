@@ -305,8 +305,8 @@ def test_create_pools_makes_a_pool_and_a_stage_deployment_per_node_when_asked(ra
 
 
 def test_a_gpu_worker_serves_engines_to_other_nodes_from_its_node_pool(tmp_path):
-    """With the node's pool and address set, the GPU worker polls that pool, is named after it (a stable host name;
-    MARS2_NODE_NAME overrides it for hosts sharing a pool), listens for engine connections inside the container on
+    """With the node's pool and address set, the GPU worker polls that pool (its node name is the container's host
+    name unless MARS2_NODE_NAME sets one), listens for engine connections inside the container on
     0.0.0.0, and docker/compose.nodes.yml publishes those ports at the node's address; by default it polls ``gpu``
     and publishes nothing (a port taken on the host cannot stop a single node's worker)."""
     nodes = ENV_EXAMPLE.read_text() + "MARS2_NODE_POOLS=gpu-node0,gpu-node1\nMARS2_GPU_POOL=gpu-node1\n" \
@@ -316,7 +316,8 @@ def test_a_gpu_worker_serves_engines_to_other_nodes_from_its_node_pool(tmp_path)
                                        (ENV_EXAMPLE.read_text(), "gpu", "127.0.0.1", list(range(29600, 29616)))):
         gpu = resolved(text, tmp_path, profile="gpu")["services"]["worker-gpu"]
         e = env(gpu)
-        assert option(argv(gpu), "--pool") == pool == gpu["hostname"] and not e["MARS2_NODE_NAME"]
+        # its node name: the container's host name (distinct per host), unless MARS2_NODE_NAME is set
+        assert option(argv(gpu), "--pool") == pool and "hostname" not in gpu and not e["MARS2_NODE_NAME"]
         assert (e["MARS2_NODE_ADDRESS"], e["MARS2_ENGINE_BIND_ADDRESS"]) == (address, "0.0.0.0")
         assert e["MARS2_ENGINE_PORTS"] == f"{ports[0]}-{ports[-1]}"
         assert e["PREFECT_API_URL"] == ("https://head:8443/api" if pool != "gpu" else "http://prefect-server:4200/api")

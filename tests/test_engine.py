@@ -730,15 +730,18 @@ def test_a_restart_that_fails_with_any_error_fails_the_callers_naming_the_agent(
         engine.close()
 
 
-@pytest.mark.parametrize("asleep", [False, True])
-def test_a_load_refused_after_a_wake_without_weights_leaves_the_engine_serving_no_version(asleep):
+@pytest.mark.parametrize("asleep, discards", [(False, True), (True, True), (True, False)])
+def test_a_load_refused_after_a_wake_without_weights_leaves_the_engine_serving_no_version(asleep, discards):
     """The folder passes the check, then the engine's own look refuses it (storage that went away meanwhile): an
     engine that was awake keeps its version; one woken from sleep without its weights (vLLM's level 2 kept none)
-    holds discarded memory, so it serves no version until a load works, instead of garbage under the old name."""
+    holds discarded memory, so it serves no version until a load works, instead of garbage under the old name; an
+    engine whose sleep keeps its weights (the transformers engine) keeps its version."""
     from mars2.backends.base import CheckpointRefused
     from mars2.backends.engine_server import EngineState, handle
 
     class RefusingEngine:
+        sleep_discards_weights = discards
+
         def check(self, model_dir):
             pass
 
@@ -756,9 +759,9 @@ def test_a_load_refused_after_a_wake_without_weights_leaves_the_engine_serving_n
     answers = []
     handle(state, ("load", "model-v2", "v2"), lambda status, value: answers.append((status, value)))
     assert answers[0][0] == "error" and "cannot be read" in answers[0][1]
-    assert state.version == (None if asleep else "v1") and not state.asleep
+    assert state.version == (None if asleep and discards else "v1") and not state.asleep
     handle(state, ("sample", "v1", "x", vars(PARAMS), 1), lambda status, value: answers.append((status, value)))
-    if asleep:
+    if asleep and discards:
         assert answers[1][0] == "error" and "no version" in answers[1][1]
 
 

@@ -69,6 +69,16 @@ def node_name() -> str:
     return os.environ.get(NODE_NAME) or socket.gethostname()
 
 
+def boot_id() -> str:
+    """This machine's kernel boot id: the same in every container on one host, different across hosts; a record
+    with another one is never this node's, whatever the two nodes are called."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def node_address() -> str:
     """Where other nodes reach this node's TCP services: ``$MARS2_NODE_ADDRESS``, else the host's FQDN."""
     return os.environ.get(NODE_ADDRESS) or socket.getfqdn()
@@ -232,7 +242,7 @@ class EngineClient:
         if not info.exists():
             return False
         record = json.loads(info.read_text())
-        local = record.get("node", node_name()) == node_name()
+        local = record.get("node", node_name()) == node_name() and record.get("boot_id", boot_id()) == boot_id()
         address = tuple(record["address"]) if record.get("family") == "AF_INET" else record["address"]
         pidfd = None
         try:
@@ -341,7 +351,7 @@ class EngineClient:
             family = "AF_INET" if self.listen_tcp else "AF_UNIX"
             atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
                 {"address": list(where) if self.listen_tcp else where, "family": family, "node": node_name(),
-                 "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
+                 "boot_id": boot_id(), "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
                 starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")
 

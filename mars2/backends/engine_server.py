@@ -157,7 +157,8 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                 # refused before anything moves: a sleeping vLLM engine (level 2 kept no weights) stays asleep and
                 # reloads the folder it holds when a request wakes it, instead of serving discarded memory
                 state.engine.check(model_dir)
-                discarded = state.asleep  # woken without its weights: any failed load leaves it serving nothing
+                # woken without its weights (vLLM's level 2): any failed load leaves it serving nothing
+                discarded = state.asleep and getattr(state.engine, "sleep_discards_weights", False)
                 if state.asleep:  # vLLM cannot reload into a sleeping engine; the folder it held is replaced at once
                     state.engine.wake(restore=False)
                     state.asleep = False

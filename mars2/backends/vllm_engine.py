@@ -8,12 +8,13 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   enable_sleep_mode=True))`` (vLLM refuses ``sleep`` without it);
 - sample: ``AsyncLLM.generate(prompt, SamplingParams(n=1, seed=<request seed>, logprobs=0, ...), request_id)``,
   an async stream whose last output is the finished request; vLLM batches every request in flight;
-- load: once no request is in flight and the engine is awake (a reload into weights that ``sleep`` moved out would
-  be overwritten by the old ones at ``wake_up``), ``collective_rpc("reload_weights", kwargs={"weights_path":
-  folder})`` (every tensor-parallel rank reads its shard of the new folder in place) and ``reset_prefix_cache()``,
-  which must return True (cached prefixes were computed with the old weights). A folder without readable
-  safetensors files is refused before the reload (:class:`~mars2.backends.base.CheckpointRefused`: the
-  engine keeps its version); a reload that fails after it started leaves no version;
+- load: once no request is in flight and the engine is awake (vLLM cannot reload into a sleeping engine),
+  ``collective_rpc("reload_weights", kwargs={"weights_path": folder})`` (every tensor-parallel rank reads every
+  file of the folder and keeps its shard, in place) and ``reset_prefix_cache()``, which must return True (cached
+  prefixes were computed with the old weights). A folder whose safetensors files do not read, or lack a tensor the
+  engine's first folder held, is refused before the reload (:class:`~mars2.backends.base.CheckpointRefused`: an
+  awake engine keeps its version; one woken from sleep without its weights holds none); a reload that fails after
+  it started leaves no version;
 - sleep / wake: ``sleep(level=2)`` (weights and KV cache dropped) / ``wake_up()`` and a reload of the folder it held;
   a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
 - stop: ``shutdown()``.
@@ -46,6 +47,7 @@ class VLLMEngine:
         self.tensors = tensor_names(self.model_dir)  # what every later folder must hold (check)
         # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
+        self.sleep_discards_weights = self.sleep_mode  # level 2 (sleep)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="vllm-loop", daemon=True).start()
         self.cpu = bool(current_platform.is_cpu())
@@ -132,8 +134,8 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         """Free the accelerator for the update: level 2 discards the weights (level 1 would copy them to pinned host
-        memory, ~61 GiB per GPU for a 32B agent, only for the next load to overwrite them) and the KV cache. A no-op
-        where vLLM has no sleep mode (CPU)."""
+        memory, ~61 GiB for a 32B agent's engine, 15 GiB per GPU at TP 4, only for the next load to overwrite them)
+        and the KV cache. A no-op where vLLM has no sleep mode (CPU)."""
         if self.sleep_mode:
             self._run(self.llm.sleep(level=2))
 
@@ -194,13 +196,17 @@ def family_cpu_seconds(pid: int) -> float:
     return sum(stats[p][1] for p in family if p in stats)
 
 
+NOT_WEIGHTS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+"""Buffers some published folders hold that neither transformers saves nor vLLM loads: never missing."""
+
+
 def check_safetensors(model_dir: str, expected: frozenset[str] = frozenset()) -> None:
     """The folder holds safetensors files whose headers read and name every tensor of ``expected``
     (:class:`CheckpointRefused` otherwise), checked before vLLM starts overwriting weights. A tied output projection
     (``lm_head.weight`` where the folder's config ties it to the embeddings) may be left out."""
     from mars2.backends.base import CheckpointRefused
 
-    missing = expected - tensor_names(model_dir)
+    missing = {name for name in expected - tensor_names(model_dir) if not name.endswith(NOT_WEIGHTS)}
     if missing and "lm_head.weight" in missing and _ties_embeddings(model_dir):
         missing = missing - {"lm_head.weight"}
     if missing:
