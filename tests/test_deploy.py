@@ -439,13 +439,14 @@ def test_a_stage_sent_to_a_pool_no_worker_polls_fails_naming_it_instead_of_waiti
     monkeypatch.setattr(dispatch, "NO_WORKER_WAIT_S", 3.0)
     started = time.monotonic()
     with temporary_settings(updates={PREFECT_API_URL: stack["api"]}), \
-            pytest.raises(RuntimeError, match=r"work pool 'nobody', which no worker has polled.*"
+            pytest.raises(RuntimeError, match=r"work pool 'nobody', which no worker polls.*"
                                               r"prefect worker start --pool nobody"):
         dispatch.run_on_pool("nobody", {"stage": "rollout", "args": {}, "pool": "nobody"}, "rollout c0",
                              timeout_s=None, timeout_hint="orchestration.stage_timeout_s")
     assert time.monotonic() - started < 30
     with temporary_settings(updates={PREFECT_API_URL: stack["api"]}):
         dispatch.require_worker("gpu1", "stage x")  # a pool with a worker: passes at once
+        dispatch.require_worker("no-such-pool", "stage x")  # no pool at all: run_on_pool's own error says so
 
 
 @pytest.mark.slow

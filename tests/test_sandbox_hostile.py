@@ -680,6 +680,54 @@ def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests):
                                                                       verdict.tests)
 
 
+def test_a_process_cloned_as_the_zygotes_child_is_refused():
+    """``clone(CLONE_PARENT)`` made a worker the zygote's child instead of the test's: the test process had no
+    child, was never marked dirty, and the worker's 1.2 s of CPU under a 0.5 s limit went uncounted (AC)."""
+    code = textwrap.dedent("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD), x86_64
+        if pid == 0:
+            os._exit(0)
+        print(pid == -1 and ctypes.get_errno() == 1)
+        """)
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw clone call above is x86_64's")
+    for level in ("bwrap", "process"):
+        if not _level_available(level):
+            continue
+        pool = SandboxPool(1, level)
+        try:
+            [verdict] = grade_many([GradeJob(code, (Case("", "True"),))], pool=pool)
+        finally:
+            pool.close()
+        assert verdict.all_passed, (level, verdict.detail)
+
+
+def test_when_the_next_program_starts_does_not_depend_on_how_long_the_last_was_judged(monkeypatch):
+    """A program's wrong output can take far longer to judge than a right one (Decimal parsing of every token): the
+    slot goes to the next program once the last one's runs are in, before they are judged, so a later copy cannot
+    read the earlier one's verdict from when it starts (a learner did, 32 of 32 copies)."""
+    import mars2.sandbox.grader as grader
+
+    real_judge = grader._judge
+
+    def slow_judge(*args):
+        time.sleep(1.0)
+        return real_judge(*args)
+
+    monkeypatch.setattr(grader, "_judge", slow_judge)
+    code = "import time\nprint(repr(time.time()))\n"
+    pool = SandboxPool(1, "bwrap" if _level_available("bwrap") else "process")
+    try:
+        first, second = grade_many([GradeJob(code, (Case("", "0"),)), GradeJob(code, (Case("", "0"),))], pool=pool,
+                                   grading=GradingConfig(workers=2))
+    finally:
+        pool.close()
+    starts = [float(v.detail.split("got: '")[1].split("\\n")[0]) for v in (first, second)]
+    assert starts[1] - starts[0] < 0.6, starts
+
+
 def test_spinners_in_one_slot_cannot_starve_the_program_in_another():
     """One program starts 8 spinning processes, each in a session of its own, for its whole wall time; an honest program in the other slot needs
     0.8 s of CPU under a 1 s limit (3 s of wall clock). Each slot weighs the same on the CPU whatever it runs (its

@@ -35,6 +35,7 @@ memory is capped (``memory_mb``).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -231,14 +232,20 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
         return run.status == "CE" or (grading.stop_at_visible_failure and run.status != "ok")
 
     slot = pool.acquire()
+    released = threading.Lock()
+
+    def release() -> None:  # once: when the program has ended (the pacer), else when this call ends
+        if released.acquire(blocking=False):
+            pool.release(slot)
+
     try:
         slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
                  inputs=[p.payload for p in prepared], on_result=on_result, stop_after=stop_after,
-                 isolate_tests=isolate_tests)
+                 isolate_tests=isolate_tests, on_paced=release)
     except SandboxError as e:  # twice, on a fresh zygote: this program's verdict (the pool counts it and warns)
         return Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}")
     finally:
-        pool.release(slot)
+        release()
     return _verdict(outcomes, total, time.monotonic() - start)
 
 
@@ -297,7 +304,9 @@ def grade_many(jobs: Sequence[GradeJob], *, grading: GradingConfig | None = None
                              isolate_tests=isolate_tests, limits=limits)
 
     programs = [i for i, job in enumerate(jobs) if has_program(job.code)]
-    threads = ThreadPoolExecutor(max_workers=min(pool.workers, max(1, len(programs))),
+    # two threads a slot: one judges a program's last outputs while the other already runs the next program on the
+    # slot it released (grade_program), so when a program starts never waits on the judging of the one before
+    threads = ThreadPoolExecutor(max_workers=min(2 * pool.workers, max(1, len(programs))),
                                  thread_name_prefix="mars2-grade") if programs else None
     try:
         for i, job in enumerate(jobs):  # no program: NO_CODE (or NO_TESTS) at once, no thread or sandbox

@@ -388,12 +388,16 @@ class Slot:
 
     def run(self, *, code: str, mode: str, parity: str, func_name: str | None, limits: Limits,
             inputs: list[bytes], on_result: Callable[[int, TestRun], None],
-            stop_after: Callable[[TestRun], bool] = lambda run: False, isolate_tests: bool = False) -> int:
+            stop_after: Callable[[TestRun], bool] = lambda run: False, isolate_tests: bool = False,
+            on_paced: Callable[[], None] | None = None) -> int:
         """Run ``code`` on ``inputs`` in order, stopping after a run for which ``stop_after(run)`` is true; each
         run goes to ``on_result(i, run)`` in this thread. Returns the number of tests judged. A pacing thread feeds
         the tests (:meth:`_pace`) and never waits for ``on_result``: the time the grader takes to judge an output
         never reaches the program. Outputs not yet judged are held in memory up to ``HELD_BYTES``, beyond that on
         disk, and each is dropped once judged: the grader's memory does not grow with the number of tests.
+        ``on_paced()`` is called from the pacing thread once the program has ended normally (every run received),
+        before the judging is done: the caller may hand the slot to the next program then, so that when the next
+        program starts does not depend on how long this one's outputs took to judge.
 
         A sandbox failure (the zygote cannot start, dies, stops answering, or could not confine a test process)
         restarts the zygote and retries the program once from the start (the callback sees every test again);
@@ -404,7 +408,7 @@ class Slot:
                 if not self.alive():
                     self.start()
                 return self._run_once(code, mode, parity, func_name, limits, inputs, on_result, stop_after,
-                                      isolate_tests)
+                                      isolate_tests, on_paced)
             except SandboxError as e:
                 self.pool.count_failure()
                 log.warning("sandbox slot %d failed (%s); restarting%s. %s", self.index, e,
@@ -414,7 +418,8 @@ class Slot:
                     raise
         raise AssertionError("unreachable")
 
-    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests) -> int:
+    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests,
+                  on_paced=None) -> int:
         chan = self.chan
         assert chan is not None
         if self.cgroup is not None and limits.memory_mb > self.cgroup_memory_mb:
@@ -428,11 +433,13 @@ class Slot:
             raise SandboxError(f"the sandbox could not take the program: {header.get('error', header)}")
         if not inputs:
             chan.send({"op": "end"})
+            if on_paced is not None:
+                on_paced()
             return 0
         runs: queue.SimpleQueue = queue.SimpleQueue()
         held = _Held()
         halt = threading.Event()
-        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt),
+        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt, on_paced),
                                  name=f"mars2-sandbox-slot{self.index}", daemon=True)
         pacer.start()
         ran = 0
@@ -454,7 +461,7 @@ class Slot:
         return ran
 
     def _pace(self, chan: _Channel, limits: Limits, inputs: list[bytes], stop_after: Callable[[TestRun], bool],
-              runs: queue.SimpleQueue, held: _Held, halt: threading.Event) -> None:
+              runs: queue.SimpleQueue, held: _Held, halt: threading.Event, on_paced=None) -> None:
         """Feed the program its tests one after the other, each as soon as the previous one's run is back (or end
         it after a run ``stop_after`` stops at), and hand each run to the judging thread through ``runs`` (None at
         the end, or the exception that ended it). Never waits for a judgment: how fast the grader judges, and how
@@ -480,6 +487,8 @@ class Slot:
                 runs.put((index, run))
                 if last:
                     break
+            if on_paced is not None:
+                on_paced()  # nothing more goes through this zygote for this program
             runs.put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the judging thread, which raises it
             runs.put(e if not halt.is_set() else None)

@@ -7,7 +7,7 @@ flag (EOPNOTSUPP: ``FALLOC_FL_KEEP_SIZE`` allocates past the file-size limit); `
 ``sched_set{param,scheduler,affinity,attr}`` aimed at any process but the caller (pid 0), ``setpriority`` and
 ``ioprio_set`` other than for the caller itself, ``migrate_pages``/``move_pages``/``process_madvise``.
 ``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
-abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag; ``clone3`` (ENOSYS, so glibc falls back to
+abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag or CLONE_PARENT; ``clone3`` (ENOSYS, so glibc falls back to
 ``clone``, whose flags a filter can inspect); another architecture's calls kill the process. Options add no
 process creation, no ``kill(pid <= 0)``, no signal to one protected pid, and no metadata change (chmod, chown,
 utime, xattrs) for tests that run as the grader's own uid.
@@ -96,6 +96,7 @@ SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffi
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 CLONE_THREAD = 0x00010000
+CLONE_PARENT = 0x00008000  # a child of the zygote, not of the test: it would escape the test's reaping and CPU
 CLONE_NEW_ANY = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x04000000 | 0x08000000 | 0x02000000 | 0x80
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
@@ -166,7 +167,7 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
                      ("jeq", S_IFBLK, "eperm"), ("ret", _RET_ALLOW)]
     # fallocate's plain mode (0) only: the file-size limit bounds it; KEEP_SIZE would allocate past it unchecked
     prog += [("label", "fallocate"), ("ld", 24), ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EOPNOTSUPP)]
-    prog += [("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY, "eperm")]
+    prog += [("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY | CLONE_PARENT, "eperm")]
     if no_process_creation:
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
     else:
