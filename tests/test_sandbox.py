@@ -701,3 +701,24 @@ def test_a_crash_or_a_leftover_thread_gives_the_next_test_a_fresh_process():
              stdin_case("3", "3"), stdin_case("0 1", "0")]
     g = grade_program(code, tests, grading=GradingConfig(stop_at_visible_failure=False))
     assert [t.status for t in g.tests] == ["AC", "AC", "RE", "AC", "RE", "AC"], g.tests
+
+
+def test_many_large_fractions_in_one_value_cannot_make_the_grader_spend_minutes():
+    """800 fractions of ~20,000 hex digits each, every one under the per-fraction cap: normalising them all took the
+    grader ~3 s of CPU per test (13x the program's own). The digits of one value share one budget: past it a
+    fraction is opaque (equal to nothing), and decoding stays fast."""
+    import json
+    import time as _time
+    from fractions import Fraction
+
+    from mars2.sandbox.compare import MAX_FRACTION_HEX_DIGITS, Opaque, decode_value
+
+    big = ["%x" % (int.from_bytes(bytes([7] * 4999), "big") | 1), "%x" % (int.from_bytes(bytes([5] * 4999), "big") | 1)]
+    assert len(big[0]) + len(big[1]) < MAX_FRACTION_HEX_DIGITS
+    encoded = json.dumps([{"$fraction": big}] * 800).encode()
+    started = _time.process_time()
+    value = decode_value(encoded)
+    assert _time.process_time() - started < 1.0
+    assert isinstance(value[0], Fraction) and isinstance(value[-1], Opaque)
+    small = decode_value(json.dumps([{"$fraction": ["1", "2"]}] * 1000).encode())  # small ones all decode
+    assert small == [Fraction(1, 2)] * 1000
