@@ -200,20 +200,28 @@ def test_which_tests_a_program_runs_never_depends_on_whether_its_answers_were_ri
 def test_the_next_test_starts_before_the_previous_output_is_judged(pool):
     """The grader's judgment takes longer on some outputs than on others (where they first differ): the next test
     is sent before judging, so the moment it starts does not tell the program how its last output was judged."""
-    starts = []
+    ran, outputs = _judged_slowly(pool, "import time\ninput()\nprint(repr(time.time()))\n", 4, 0.6)
+    starts = [float(out) for out in outputs]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert ran == 4 and max(gaps) < 0.45, gaps
+
+
+def _judged_slowly(pool, code: str, tests: int, judge_s: float, keep=lambda out: out) -> tuple[int, list]:
+    """Run ``code`` on ``tests`` tests in one of ``pool``'s slots, each run judged in ``judge_s`` seconds; the number
+    of tests run and ``keep(output)`` of each."""
+    kept = []
 
     def slow_judge(index, run):
-        starts.append(float(run.output))
-        time.sleep(0.6)
+        kept.append(keep(run.output))
+        time.sleep(judge_s)
 
     slot = pool.acquire()
     try:
-        ran = slot.run(code="import time\ninput()\nprint(repr(time.time()))\n", mode="stdin", parity="script",
-                       func_name=None, limits=Limits(), inputs=[b"1\n"] * 4, on_result=slow_judge)
+        ran = slot.run(code=code, mode="stdin", parity="script", func_name=None, limits=Limits(),
+                       inputs=[b"1\n"] * tests, on_result=slow_judge)
     finally:
         pool.release(slot)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert ran == 4 and max(gaps) < 0.45, gaps
+    return ran, kept
 
 
 def test_files_left_by_one_program_are_invisible_to_the_next(pool):
@@ -399,19 +407,10 @@ def test_outputs_waiting_for_a_slow_judgment_go_to_disk_beyond_a_bound(pool):
 
     from mars2.sandbox.pool import HELD_BYTES
 
-    sizes = []
-
-    def slow_judge(index, run):
-        sizes.append(len(run.output))
-        time.sleep(0.25)
-
     tracemalloc.start()
-    slot = pool.acquire()
     try:
-        ran = slot.run(code="import sys\nsys.stdout.write('x' * (4 << 20))\n", mode="stdin", parity="script",
-                       func_name=None, limits=Limits(), inputs=[b"1\n"] * 32, on_result=slow_judge)
+        ran, sizes = _judged_slowly(pool, "import sys\nsys.stdout.write('x' * (4 << 20))\n", 32, 0.25, keep=len)
     finally:
-        pool.release(slot)
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert ran == 32 and sizes == [4 << 20] * 32
