@@ -25,6 +25,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pandas as pd
@@ -421,6 +422,35 @@ def _worker_submitted(stack, flow_run_id: str) -> datetime:
 def _logs(stack) -> str:
     return "\n".join((stack["tmp"] / f).read_text()[-4000:] for f in ("worker-cpu.log", "worker-gpu.log",
                                                                      "worker-gpu1.log"))
+
+
+def test_a_pool_whose_only_worker_is_offline_counts_as_polled_by_no_one(monkeypatch):
+    """Prefect keeps every worker that ever polled a pool and marks it OFFLINE after missed heartbeats: a pool whose
+    only worker went away is refused like one nobody ever polled (a stack that once ran a single-node GPU worker
+    on ``gpu`` and moved to node pools); an ONLINE worker passes."""
+    import prefect.client.orchestration as orchestration
+    from prefect.client.schemas.objects import WorkerStatus
+
+    import pipeline.dispatch as dispatch
+
+    statuses = [WorkerStatus.OFFLINE]
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read_workers_for_work_pool(self, work_pool_name):
+            return [SimpleNamespace(status=status) for status in statuses]
+
+    monkeypatch.setattr(orchestration, "get_client", lambda sync_client=False: Client())
+    monkeypatch.setattr(dispatch, "NO_WORKER_WAIT_S", 0.1)
+    with pytest.raises(RuntimeError, match="work pool 'gpu', which no worker polls"):
+        dispatch.require_worker("gpu", "stage rollout c0")
+    statuses.append(WorkerStatus.ONLINE)
+    dispatch.require_worker("gpu", "stage rollout c0")
 
 
 @pytest.mark.slow

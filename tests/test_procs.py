@@ -104,3 +104,35 @@ def test_a_stage_attached_to_a_node_service_that_died_does_not_signal_its_reused
     finally:
         second.close()
         (service_dir.parent / "STOP").write_text("")
+
+
+@pytest.mark.parametrize("field", ["boot_id", "pidns"])
+def test_a_record_from_another_host_or_container_with_this_nodes_name_is_not_local(tiny_model_dir, tmp_path, field,
+                                                                                   monkeypatch):
+    """Two hosts (another kernel boot id) or two containers of one host (another pid namespace) given one node name:
+    the record's pid is not a process here, so it is never opened or signalled, however alive a local process with
+    that pid is."""
+    import json
+
+    from mars2.backends import engine as engine_module
+
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    spec = EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1")
+    first = EngineClient(spec, service_dir=service_dir)
+    try:
+        first.close()  # disconnect: the record stays, the service lives on
+        record_path = service_dir / "qwen_tiny.json"
+        record = json.loads(record_path.read_text())
+        assert record["boot_id"] == engine_module.boot_id() and record["pidns"] == engine_module.pid_namespace()
+        record[field] = "elsewhere"
+        record_path.write_text(json.dumps(record))
+        opened = []
+        real_open = os.pidfd_open
+        monkeypatch.setattr(os, "pidfd_open", lambda pid, *a: (opened.append(pid), real_open(pid, *a))[1])
+        second = EngineClient(spec, service_dir=service_dir)  # attaches over the socket, as to another node's
+        try:
+            assert second.pid == record["pid"] and not second._local and opened == []
+        finally:
+            second.close()
+    finally:
+        (service_dir.parent / "STOP").write_text("")

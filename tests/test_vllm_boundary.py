@@ -352,3 +352,13 @@ def test_a_reload_folder_missing_a_tensor_of_the_served_model_is_refused(tiny_mo
         else:
             with pytest.raises(CheckpointRefused, match="lm_head.weight"):
                 check_safetensors(str(partial), untied)
+
+
+def test_buffers_vllm_never_loads_are_not_required_of_a_reload_folder(tiny_model_dir, tmp_path):
+    """A published first folder may hold non-persistent rotary buffers (``inv_freq``) that transformers does not save
+    and vLLM skips: a folder saved by the trainer without them is not refused for it."""
+    from mars2.backends.vllm_engine import check_safetensors, tensor_names
+
+    served = tensor_names(str(tiny_model_dir)) | {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                                                  "model.rotary_emb.inv_freq"}
+    check_safetensors(str(tiny_model_dir), served)

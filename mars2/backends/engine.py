@@ -79,6 +79,15 @@ def boot_id() -> str:
         return ""
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace (``/proc/self/ns/pid``): a pid in a record means a process here only when the
+    record was written in this namespace (two containers of one host, even given one node name, have two)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def node_address() -> str:
     """Where other nodes reach this node's TCP services: ``$MARS2_NODE_ADDRESS``, else the host's FQDN."""
     return os.environ.get(NODE_ADDRESS) or socket.getfqdn()
@@ -242,7 +251,8 @@ class EngineClient:
         if not info.exists():
             return False
         record = json.loads(info.read_text())
-        local = record.get("node", node_name()) == node_name() and record.get("boot_id", boot_id()) == boot_id()
+        local = (record.get("node", node_name()) == node_name() and record.get("boot_id", boot_id()) == boot_id()
+                 and record.get("pidns", pid_namespace()) == pid_namespace())
         address = tuple(record["address"]) if record.get("family") == "AF_INET" else record["address"]
         pidfd = None
         try:
@@ -351,7 +361,8 @@ class EngineClient:
             family = "AF_INET" if self.listen_tcp else "AF_UNIX"
             atomic_write_text(self.service_dir / f"{self.spec.agent}.json", json.dumps(
                 {"address": list(where) if self.listen_tcp else where, "family": family, "node": node_name(),
-                 "boot_id": boot_id(), "authkey": self._authkey.hex(), "pid": self._pid, "log": str(self._log)}))
+                 "boot_id": boot_id(), "pidns": pid_namespace(), "authkey": self._authkey.hex(), "pid": self._pid,
+                 "log": str(self._log)}))
             with open(self.service_dir.parent / STARTS_FILE, "a") as starts:  # one short line: an atomic append
                 starts.write(f"{self.spec.agent} {node_name()} {self._pid}\n")
 

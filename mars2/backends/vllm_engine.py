@@ -196,7 +196,7 @@ def family_cpu_seconds(pid: int) -> float:
     return sum(stats[p][1] for p in family if p in stats)
 
 
-NOT_WEIGHTS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+NOT_WEIGHTS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached", "rotary_pos_emb.inv_freq")
 """Buffers some published folders hold that neither transformers saves nor vLLM loads: never missing."""
 
 
@@ -206,7 +206,7 @@ def check_safetensors(model_dir: str, expected: frozenset[str] = frozenset()) ->
     (``lm_head.weight`` where the folder's config ties it to the embeddings) may be left out."""
     from mars2.backends.base import CheckpointRefused
 
-    missing = {name for name in expected - tensor_names(model_dir) if not name.endswith(NOT_WEIGHTS)}
+    missing = {name for name in expected - tensor_names(model_dir) if not any(b in name for b in NOT_WEIGHTS)}
     if missing and "lm_head.weight" in missing and _ties_embeddings(model_dir):
         missing = missing - {"lm_head.weight"}
     if missing:
