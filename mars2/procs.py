@@ -103,4 +103,5 @@ def kill_group(proc: subprocess.Popen) -> int:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()  # and the process itself, had it not led a group after all (Popen checks it is unreaped)
     return proc.wait()

@@ -341,7 +341,8 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
         proc.wait()
         assert _gone_within(engine_pid, 15), "the engine outlived its parent"
     finally:
-        kill_group(proc)
+        proc.kill()  # not a group leader: the process itself
+        proc.wait()
         engine.kill(signal.SIGKILL, group=True)
 
 
@@ -417,7 +418,8 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
         assert _gone_within(engine_pid, 10), f"the loading engine outlived {end}"
         assert _gone_within(core_pid, 10), "the engine core its load started outlived it"
     finally:
-        kill_group(proc)
+        proc.kill()  # not a group leader: the process itself
+        proc.wait()
         engine.kill(signal.SIGKILL, group=True)
         if core_pid:
             core.kill(signal.SIGKILL)

@@ -43,8 +43,8 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.stop_token_ids = list(stop_token_ids)
-        self.model_dir = engine_args["model"]
-        self.tensors = tensor_names(self.model_dir)  # what every later folder must hold (check)
+        self.model_dir = self.first_model_dir = engine_args["model"]
+        self.tensors: frozenset[str] | None = None  # the first folder's: what every later one must hold (check)
         # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
         self.sleep_discards_weights = self.sleep_mode  # level 2 (sleep)
@@ -117,6 +117,13 @@ class VLLMEngine:
         """:class:`~mars2.backends.base.CheckpointRefused` unless ``model_dir``'s safetensors files read and hold every
         tensor the engine's first folder held (vLLM's in-place reload only warns about a missing one and keeps that
         layer's old weights)."""
+        from mars2.backends.base import CheckpointRefused
+
+        if self.tensors is None:  # read at the first load, so that no start fails on it
+            try:
+                self.tensors = tensor_names(self.first_model_dir)
+            except CheckpointRefused:  # not safetensors (vLLM also loads .bin folders): nothing to compare with
+                self.tensors = frozenset()
         check_safetensors(model_dir, self.tensors)
 
     def load(self, model_dir: str) -> None:
