@@ -41,3 +41,17 @@ class Known:
         if self.same():
             with contextlib.suppress(ProcessLookupError):
                 (os.killpg if group else os.kill)(self.pid, sig)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a zombie leader, still holding the group's id, excluded)."""
+    members = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from flowenv import RANDOM_TEAM, flow_env
+from pids import group_members
 
 from mars2.procs import kill_group, wait_exit
 
@@ -104,21 +105,9 @@ def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_p
                 in stderr), stderr[-3000:]
         assert "ConnectError" not in stderr and "the run failed" not in stderr
         deadline = time.time() + 20
-        while _group_members(proc.pid) and time.time() < deadline:
+        while group_members(proc.pid) and time.time() < deadline:
             time.sleep(0.5)
-        assert not _group_members(proc.pid), "processes of the killed run are still alive (the temporary Prefect server?)"
+        assert not group_members(proc.pid), "processes of the killed run are still alive (the temporary Prefect server?)"
     finally:
         kill_group(proc)
 
-
-def _group_members(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (its leader's zombie excluded)."""
-    members = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
-    return members
