@@ -207,8 +207,7 @@ def require_worker(pool: str, what: str) -> None:
     while True:
         try:
             with get_client(sync_client=True) as client:
-                if any(str(w.status).upper().endswith("ONLINE")
-                       for w in client.read_workers_for_work_pool(work_pool_name=pool)):
+                if any(w.status == "ONLINE" for w in client.read_workers_for_work_pool(work_pool_name=pool)):
                     return
         except ObjectNotFound:
             return  # no such pool: the missing deployment is the clearer error (run_on_pool)
