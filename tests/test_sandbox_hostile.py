@@ -675,7 +675,8 @@ def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests):
     if pool.level == "process" and not probe_isolation()["process_dedicated_uid"]:  # no process creation here:
         assert verdict.all_passed and verdict.tests[0].cpu_s < 0.5, verdict  # nothing was detached, nothing spent
         return
-    assert verdict.status == "TLE" and verdict.tests[0].cpu_s >= 1.0, (verdict.status, verdict.detail,
+    # the worker's own CPU limit (0.5 s, rounded up to whole seconds by the kernel) may end it near 1 s: counted
+    assert verdict.status == "TLE" and verdict.tests[0].cpu_s > 0.5, (verdict.status, verdict.detail,
                                                                       verdict.tests)
 
 
