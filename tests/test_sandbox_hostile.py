@@ -30,6 +30,8 @@ from mars2.sandbox import GradeJob, SandboxPool, grade_many, probe_isolation
 from mars2.sandbox import isolation
 from mars2.sandbox.pool import Limits
 
+from pids import descendants
+
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -478,10 +480,44 @@ HIDDEN_FILES = """
     print("ATTACK-SUCCEEDED")
     """
 
+MAPPED_FILES = """
+    import ctypes, os, time
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    chunk = b"x" * (1 << 20)
+    for i in range(12):                      # bounded: 12 x 12 MiB, each kept only by a mapping (no descriptor)
+        fd = os.open(f"m{i}", os.O_RDWR | os.O_CREAT, 0o600)
+        os.unlink(f"m{i}")
+        for _ in range(12):
+            os.write(fd, chunk)
+        assert libc.mmap(None, 12 << 20, 1, 1, fd, 0) not in (None, ctypes.c_void_p(-1).value)
+        os.close(fd)
+    time.sleep(0.5)
+    print("ATTACK-SUCCEEDED")
+    """
+IN_FLIGHT_FILES = """
+    import os, socket, time
+    a, b = socket.socketpair()
+    chunk = b"x" * (1 << 20)
+    for i in range(12):                      # bounded: 12 x 12 MiB, each kept only by a descriptor in flight
+        fd = os.open(f"s{i}", os.O_RDWR | os.O_CREAT, 0o600)
+        os.unlink(f"s{i}")
+        for _ in range(12):
+            os.write(fd, chunk)
+        socket.send_fds(a, [b"x"], [fd])
+        os.close(fd)
+    time.sleep(0.5)
+    print("ATTACK-SUCCEEDED")
+    """
+
 
 @pytest.mark.parametrize("code", [pytest.param(DISK_FILL, id="bytes"), pytest.param(MANY_FILES, id="files"),
-                                  pytest.param(HIDDEN_FILES, id="unlinked")])
+                                  pytest.param(HIDDEN_FILES, id="unlinked"), pytest.param(MAPPED_FILES, id="mapped"),
+                                  pytest.param(IN_FLIGHT_FILES, id="in-flight")])
 def test_disk_and_file_quotas(pool, code):
+    if code in (MAPPED_FILES, IN_FLIGHT_FILES) and pool.level == "process" and not pool.probe.get("private_mounts"):
+        pytest.skip("a known gap without a tmpfs per program (a grader that is not root): docs/sandbox.md, Quotas")
     start = time.monotonic()
     verdict = _honest_around(pool, code)
     assert verdict.status == "RE" and "quota" in verdict.detail, verdict
@@ -515,9 +551,13 @@ def test_slot_folders_do_not_outlive_a_killed_grader(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(_cli_argv(problems, samples, tmp_path / "out.jsonl", "--isolation", "process",
                                       "--workers", "1"), env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
+    def program_ran() -> bool:  # a tmpfs per program (a root grader) is seen only from the zygote's mount namespace
+        views = [Path("/")] + [Path(f"/proc/{pid}/root") for pid in descendants(proc.pid)]
+        return any(list(view.glob(f"{str(tmp).lstrip('/')}/{parent}/*/scratch/*/work/k49")) for view in views)
+
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp.glob(f"{parent}/*/scratch/*/work/k49")):
+        while not program_ran():
             assert time.monotonic() < deadline and proc.poll() is None, "the program never ran"
             time.sleep(0.1)
     finally:
@@ -855,8 +895,10 @@ def test_quotas_hold_while_the_program_keeps_the_result_pipe_busy(pool):
         os._exit(0)
         """
     verdict = _honest_around(pool, code, tests=(Case("", "3"),))
-    # bwrap: the kernel refuses the 33rd MiB (the program's own report, which it garbled, would have said ENOSPC)
-    assert verdict.status == "RE" and ("quota" in verdict.detail or pool.level == "bwrap"), verdict
+    # a tmpfs per program (bwrap, or a root grader at the process level): the kernel refuses the 33rd MiB (the
+    # program's own report, which it garbled, would have said ENOSPC)
+    kernel_quota = pool.level == "bwrap" or pool.probe.get("private_mounts")
+    assert verdict.status == "RE" and ("quota" in verdict.detail or kernel_quota), verdict
 
 
 def test_a_stuck_sandbox_dies_with_its_pool():

@@ -494,7 +494,8 @@ def probe_isolation(refresh: bool = False) -> dict[str, Any]:
 
     Keys: ``root``, ``bwrap`` (and ``pid_namespace``, ``net_namespace``, ``readonly_root``,
     ``user_namespace``, ``dedicated_uid`` when it does, else ``bwrap_error``), ``seccomp``,
-    ``landlock_abi`` (0 = none), ``cgroup`` (``v1``, ``v2`` or None), ``process_dedicated_uid``
+    ``landlock_abi`` (0 = none), ``private_mounts`` (whether a slot's zygote may enter a mount namespace of its own
+    and mount a tmpfs per program at the ``process`` level: root with CAP_SYS_ADMIN), ``cgroup`` (``v1``, ``v2`` or None), ``process_dedicated_uid``
     (whether the ``process`` level can run tests as a dedicated uid: root, and the interpreter
     readable by other users), ``level``.
     """
@@ -580,6 +581,7 @@ def describe(level: str, probe: dict[str, Any]) -> dict[str, str]:
         uid = "dedicated-per-slot" if probe.get("process_dedicated_uid") else "caller, no capabilities"
         fs = ("landlock: read-only system paths, writes only in the program's own folder" if probe.get("landlock_abi")
               else "host (scratch cwd only by convention)")
+        fs += ", a tmpfs per program" if probe.get("private_mounts") else ", quotas polled"
     return {
         "sandbox.isolation": level,
         "sandbox.namespaces": namespaces,

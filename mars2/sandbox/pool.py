@@ -214,14 +214,15 @@ class Slot:
                                "seccomp": bool(probe.get("seccomp"))}
         if pool.level == "bwrap":
             cfg.update(pidns=True, isolate_pidns=bool(probe.get("root")), scratch_root=isolation.SCRATCH_IN_BWRAP,
-                       private_scratch_fs=True, deny_fork=False)
+                       deny_fork=False)
             return cfg
         if self.dir is None:
             self.dir = isolation.SlotDir(self.index)
         read_paths = isolation.python_roots() + [isolation.SANDBOX_DIR, "/usr", "/lib", "/lib64", "/bin",
                                                  "/etc/ld.so.cache", "/etc/localtime", "/dev/null",
                                                  "/dev/urandom", "/dev/zero"]
-        cfg.update(pidns=False, scratch_root=os.path.join(self.dir.path, "scratch"), private_scratch_fs=False,
+        cfg.update(pidns=False, scratch_root=os.path.join(self.dir.path, "scratch"),
+                   private_mounts=bool(probe.get("private_mounts")),
                    remove_on_exit=self.dir.path, deny_fork=uid is None, landlock=bool(probe.get("landlock_abi")),
                    landlock_read=read_paths)
         return cfg
@@ -302,7 +303,7 @@ class Slot:
     def sandbox_pids(self) -> list[int]:
         """Host pids of the processes programs left in this slot (diagnostics and tests): everything in
         the slot's pid namespace but its init, the zygote and the zygote's mount helper (``bwrap``), or every process
-        of the slot's uid plus the zygote's descendants (``process``)."""
+        of the slot's uid plus the zygote's descendants but its mount helper (``process``)."""
         if self.proc is None:
             return []
         table = _process_table()
@@ -320,7 +321,8 @@ class Slot:
             return sorted(pid for pid, (_, _, pns) in table.items()
                           if pns == ns and pid != inits[0] and pid not in zygotes | helpers)
         found: set[int] = set()
-        stack = list(children.get(self.proc.pid, []))
+        helper = (self.info or {}).get("mount_helper")
+        stack = [pid for pid in children.get(self.proc.pid, []) if pid != helper]
         while stack:
             pid = stack.pop()
             if pid not in found:

@@ -204,4 +204,27 @@ def probe():
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
         result["seccomp"] = os.waitstatus_to_exitcode(status) == 0
+    result["private_mounts"] = _probe_private_mounts()
     return result
+
+
+def _probe_private_mounts():
+    """Whether a child may enter a mount namespace of its own and mount a tmpfs there (root with CAP_SYS_ADMIN)."""
+    import tempfile
+
+    from .mounts import enter_private_mount_namespace
+
+    target = tempfile.mkdtemp(prefix="mars2-probe-")
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                enter_private_mount_namespace()
+                libc = ctypes.CDLL(None, use_errno=True)
+                os._exit(0 if libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", 0, b"size=4096") == 0 else 1)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+    finally:
+        os.rmdir(target)

@@ -1,6 +1,8 @@
-"""A fresh filesystem and a random first pid per program (``bwrap`` level): each program's scratch folder is a tmpfs
-of its own, mounted by a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up; the helper
-also sets the slot's next pid to a random value before each program (:func:`.procs.scramble_next_pid`).
+"""A fresh filesystem per program, and at the ``bwrap`` level a random first pid: each program's scratch folder is a
+tmpfs of its own, mounted by a tiny helper process that keeps CAP_SYS_ADMIN so that the zygote can give it up; in the
+slot's own pid namespace the helper also sets the next pid to a random value before each program
+(:func:`.procs.scramble_next_pid`). At the ``process`` level (no bubblewrap) the zygote first enters a mount namespace
+of its own (:func:`enter_private_mount_namespace`, where the grader is root), so the mounts are the slot's alone.
 
 A tmpfs of ``disk_mb`` bytes and ``max_files + 1`` inodes makes the quotas the kernel's (``ENOSPC``, files unlinked
 while open included), and its inode numbers and allocation state start afresh: nothing a program does to its
@@ -17,14 +19,27 @@ from .procs import scramble_next_pid
 from .wire import read_frame, write_frame
 
 _MS_NOSUID, _MS_NODEV = 2, 4
+_MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 _MNT_DETACH = 2
+_CLONE_NEWNS = 0x00020000
+
+
+def enter_private_mount_namespace():
+    """Move the calling process into a new mount namespace whose mounts propagate nowhere (``unshare(CLONE_NEWNS)``,
+    then ``/`` made recursively private), so what it mounts is seen only by it and its children and vanishes with
+    them. Needs CAP_SYS_ADMIN; raises OSError where refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"private mount namespace: {os.strerror(err)}")
 
 
 class MountHelper:
     """The zygote's side: a forked helper serving ``mount``/``umount`` requests on a private pair of pipes. It dies
-    with the zygote (parent-death signal, and the end of its request pipe)."""
+    with the zygote (parent-death signal, and the end of its request pipe). ``scramble_pid``: set the next pid to a
+    random value after each mount (only in the slot's own pid namespace)."""
 
-    def __init__(self):
+    def __init__(self, scramble_pid=True):
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
@@ -32,7 +47,7 @@ class MountHelper:
             try:
                 os.close(req_w)
                 os.close(rep_r)
-                _serve(req_r, rep_w)
+                _serve(req_r, rep_w, scramble_pid)
             finally:
                 os._exit(0)
         os.close(req_r)
@@ -47,8 +62,8 @@ class MountHelper:
 
     def mount(self, path, size_bytes, inodes, uid, gid):
         """A fresh tmpfs on ``path``: ``size_bytes``, ``inodes`` inodes (its root included), owned by ``uid``/``gid``,
-        mode 0700, no set-uid programs or devices; then the slot's next pid is made random (the program is forked
-        next)."""
+        mode 0700, no set-uid programs or devices; then, with ``scramble_pid``, the slot's next pid is made random
+        (the program is forked next)."""
         self._ask({"op": "mount", "path": path, "size": int(size_bytes), "inodes": int(inodes),
                    "uid": uid, "gid": gid})
 
@@ -58,7 +73,13 @@ class MountHelper:
         write_frame(self.req, {"op": "release", "path": path, "folder": folder})
 
 
-def _serve(req, rep):
+    def close(self):
+        """End the helper once it has served every request sent (the end of its request pipe), and reap it."""
+        os.close(self.req)
+        os.waitpid(self.pid, 0)
+
+
+def _serve(req, rep, scramble_pid):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL when the zygote dies
     os.closerange(3, min(req, rep))
@@ -73,7 +94,7 @@ def _serve(req, rep):
             options = (f"size={request['size']},nr_inodes={request['inodes']},mode=0700,"
                        f"uid={request['uid']},gid={request['gid']}").encode()
             ok = libc.mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
-            if ok and not scramble_next_pid():
+            if ok and scramble_pid and not scramble_next_pid():
                 write_frame(rep, {"error": "the slot's next pid cannot be set (/proc/sys/kernel/ns_last_pid)"})
                 continue
         elif request.get("op") == "release":

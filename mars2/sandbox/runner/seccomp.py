@@ -103,12 +103,12 @@ _RET_ERRNO = 0x00050000
 _RET_KILL_PROCESS = 0x80000000
 
 
-def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=None, no_metadata=False):
+def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pids=(), no_metadata=False):
     """The BPF program (bytes of ``struct sock_filter``) of our seccomp policy, or None on an unknown arch.
 
     ``no_process_creation``: fork/vfork/clone without CLONE_THREAD fail (EAGAIN). ``no_kill_all``:
-    ``kill(pid <= 0, ...)`` fails. ``protect_pid``: no signal can be sent to that pid (the zygote, when
-    tests share its uid), ``pidfd_open`` fails, and ``rt_sigqueueinfo``/``rt_tgsigqueueinfo`` are checked as
+    ``kill(pid <= 0, ...)`` fails. ``protect_pids``: no signal can be sent to these pids (the zygote and its mount
+    helper, when tests share their uid), ``pidfd_open`` fails, and ``rt_sigqueueinfo``/``rt_tgsigqueueinfo`` are checked as
     ``kill``/``tgkill``. ``no_metadata``: for tests that run as the grader's own uid, which owns files outside the
     sandbox whose metadata Landlock does not cover: chmod, chown, utime and xattr changes, inode flag ioctls and
     file leases fail (EPERM), and so do a ``umask`` or a ``mkdir`` that would leave a folder its owner (the grader's
@@ -140,10 +140,10 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
     for name in ("fork", "vfork"):
         if name in nrs and no_process_creation:
             prog.append(("jeq", nrs[name], "eagain"))
-    if no_kill_all or protect_pid is not None:
+    if no_kill_all or protect_pids:
         prog.append(("jeq", nrs["kill"], "kill_check"))
         prog.append(("jeq", nrs["rt_sigqueueinfo"], "kill_check"))
-    if protect_pid is not None:
+    if protect_pids:
         prog.append(("jeq", nrs["tkill"], "tkill_check"))
         prog.append(("jeq", nrs["tgkill"], "tkill_check"))
         prog.append(("jeq", nrs["rt_tgsigqueueinfo"], "tkill_check"))
@@ -172,14 +172,14 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pid=No
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
     else:
         prog += [("ret", _RET_ALLOW)]
-    if no_kill_all or protect_pid is not None:
+    if no_kill_all or protect_pids:
         # kill(pid, sig) with pid <= 0 (process groups, -1): the low word is 0 or has its sign bit set
         prog += [("label", "kill_check"), ("ld", 16)]
-        if protect_pid is not None:
-            prog += [("jeq", protect_pid, "eperm")]
+        prog += [("jeq", pid, "eperm") for pid in protect_pids]
         prog += [("jeq", 0, "eperm"), ("jset", 0x80000000, "eperm"), ("ret", _RET_ALLOW)]
-    if protect_pid is not None:
-        prog += [("label", "tkill_check"), ("ld", 16), ("jeq", protect_pid, "eperm"), ("ret", _RET_ALLOW)]
+    if protect_pids:
+        prog += ([("label", "tkill_check"), ("ld", 16)] + [("jeq", pid, "eperm") for pid in protect_pids]
+                 + [("ret", _RET_ALLOW)])
     if no_metadata:
         prog += [("label", "ioctl_check"), ("ld", 24)]  # the request is arg 1
         prog += [("jeq", request, "eperm") for request in INODE_IOCTLS] + [("ret", _RET_ALLOW)]

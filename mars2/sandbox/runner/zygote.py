@@ -52,7 +52,7 @@ from .confine import EXIT_SETUP_FAILED, confine_test_process, drop_capability
 from .errors import PROGRAM_NAME, STDERR_TAIL, format_error, join_text, parse_record, signal_verdict
 from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe, write_all
 from .lcb_parity import lcb_child, load_harness
-from .mounts import MountHelper
+from .mounts import MountHelper, enter_private_mount_namespace
 from .libc import libc as _libc
 from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
@@ -67,8 +67,9 @@ _CAP_SYS_ADMIN = 21
 class Zygote:
     """One worker slot's zygote. ``cfg`` is the JSON the grader starts it with (:meth:`mars2.sandbox.pool.Slot.start`):
     ``uid``/``gid`` of the tests (None: our own), ``pidns`` (``isolate_pidns``: hide it from tests and start each
-    program at a random pid), ``scratch_root`` (``private_scratch_fs``: on a filesystem of this slot alone),
-    ``remove_on_exit`` (a folder to remove when the grader goes away),
+    program at a random pid), ``scratch_root``,
+    ``remove_on_exit`` (a folder to remove when the grader goes away), ``private_mounts`` (the process level: enter a
+    mount namespace of our own and give each program a tmpfs of its quotas, as at the bwrap level),
     ``sys_path`` (site directories), ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
 
     def __init__(self, cfg):
@@ -98,6 +99,12 @@ class Zygote:
             hide_other_processes(os.getgid())
             self.mounter = MountHelper()
             drop_capability(_CAP_SYS_ADMIN)
+        elif cfg.get("private_mounts"):
+            # the process level with a root grader: the same tmpfs per program, in a mount namespace of our own
+            enter_private_mount_namespace()
+            self.mounter = MountHelper(scramble_pid=False)
+            drop_capability(_CAP_SYS_ADMIN)
+        self.mounted = None  # (work, folder) of the program whose tmpfs is mounted
         self.meter = ScratchMeter(private_mounts=self.mounter is not None)
         for path in cfg.get("sys_path", []):
             if path not in sys.path:
@@ -130,7 +137,8 @@ class Zygote:
         shared_uid = self.uid is None  # tests run as our own uid: keep them from signalling us
         program = seccomp_program(no_process_creation=cfg.get("deny_fork", False),
                                   no_kill_all=not self.pidns or shared_uid,
-                                  protect_pid=os.getpid() if shared_uid else None,
+                                  protect_pids=(os.getpid(),) + ((self.mounter.pid,) if self.mounter else ())
+                                  if shared_uid else (),
                                   no_metadata=shared_uid) if seccomp_on else None
         self.seccomp = SeccompFilter(program) if program is not None else None
         self.landlock_read = list(cfg.get("landlock_read", [])) if cfg.get("landlock") else None
@@ -166,7 +174,8 @@ class Zygote:
     def serve(self):
         write_frame(self.ctl_out, {"op": "ready", "pid": os.getpid(), "uid": os.getuid(),
                                    "child_uid": self.uid, "seccomp": self.seccomp is not None,
-                                   "landlock": self.landlock_read is not None, "base_vm": self.base_vm})
+                                   "landlock": self.landlock_read is not None, "base_vm": self.base_vm,
+                                   "mount_helper": self.mounter.pid if self.mounter is not None else None})
         while True:
             try:
                 header, payload = read_frame(self.ctl_in)
@@ -248,8 +257,8 @@ class Zygote:
         The folder has an unguessable name in the scratch root (which nobody may list), is the program's alone
         and is removed as a whole afterwards. For a session (several tests in one process) the program works in
         ``<folder>/work``, which the test process wipes between tests (the program cannot write beside it);
-        otherwise it works in the folder itself. At the bwrap level ``work`` is a fresh tmpfs of the program's
-        quotas (:mod:`.mounts`)."""
+        otherwise it works in the folder itself. ``work`` is a fresh tmpfs of the program's quotas (:mod:`.mounts`)
+        at the bwrap level, and at the process level where the grader is root."""
         folder = os.path.join(self.scratch_root, os.urandom(16).hex())
         if session:
             os.mkdir(folder)
@@ -262,7 +271,9 @@ class Zygote:
         if self.uid is not None:
             os.chown(work, self.uid, self.gid)
         if self.mounter is not None:
-            self.mounter.mount(work, limits["disk_bytes"], limits["max_files"] + 1, self.uid, self.gid)
+            self.mounted = (work, folder)
+            self.mounter.mount(work, limits["disk_bytes"], limits["max_files"] + 1,
+                               os.getuid() if self.uid is None else self.uid, os.getgid() if self.gid is None else self.gid)
         fds = {name: os.memfd_create(f"mars2-{name}", os.MFD_CLOEXEC) for name in ("in", "out", "err", "rec", "val")}
         if stdin_bytes:
             write_all(fds["in"], stdin_bytes)
@@ -277,6 +288,7 @@ class Zygote:
                 pass
         if self.mounter is not None:
             self.mounter.release(work, folder)
+            self.mounted = None
         else:
             rmtree(folder)
 
@@ -350,6 +362,10 @@ class Zygote:
     def _die(self):
         """The grader is gone: kill what programs left, remove the slot's folder (``remove_on_exit``), exit."""
         self._kill_leftovers()
+        if self.mounter is not None:  # a program's tmpfs, mounted in our namespace, cannot be removed by us
+            if self.mounted is not None:
+                self.mounter.release(*self.mounted)
+            self.mounter.close()
         if self.remove_on_exit:
             import shutil
 
