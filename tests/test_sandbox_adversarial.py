@@ -22,6 +22,7 @@ import pytest
 from mars2.config import GradingConfig
 from mars2.data.schema import TestCase as Case
 from mars2.sandbox import SandboxPool, grade_program, probe_isolation
+from sandboxes import LEVELS, sandbox_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,11 +31,11 @@ ADD_TESTS = [Case("1 2\n", "3"), Case("10 -4\n", "6")]
 ATTACKED = "ATTACK-SUCCEEDED"
 
 
-@pytest.fixture(scope="module", params=["bwrap", "process"])
+@pytest.fixture(scope="module", params=LEVELS)
 def pool(request):
     if request.param == "bwrap" and not probe_isolation().get("bwrap"):
         pytest.skip("bubblewrap cannot run here")
-    p = SandboxPool(1, request.param)
+    p = sandbox_pool(request.param)
     assert grade_program(ADD, ADD_TESTS, pool=p).all_passed  # start the slot
     yield p
     p.close()

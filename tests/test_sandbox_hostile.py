@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from mars2.sandbox import isolation
 from mars2.sandbox.pool import Limits
 
 from pids import descendants
+from sandboxes import LEVELS, sandbox_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,18 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
 ADD_TESTS = (Case("1 2\n", "3"), Case("10 -4\n", "6"))
 ATTACKED = "ATTACK-SUCCEEDED"
-LEVELS = ["bwrap", "process"]
 
 
 def _level_available(level: str) -> bool:
-    return level == "process" or bool(probe_isolation().get("bwrap"))
+    return level != "bwrap" or bool(probe_isolation().get("bwrap"))
 
 
 @pytest.fixture(scope="module", params=LEVELS)
 def pool(request):
     if not _level_available(request.param):
         pytest.skip("bubblewrap cannot run here")
-    p = SandboxPool(1, request.param)
+    p = sandbox_pool(request.param)
     assert grade_many([GradeJob(ADD, ADD_TESTS)], pool=p)[0].all_passed
     yield p
     p.close()
@@ -356,6 +357,38 @@ def test_a_program_can_still_change_its_own_limits_and_priority(pool):
         """
     [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "ok"),))], pool=pool)
     assert verdict.all_passed, verdict.detail
+
+
+def test_per_uid_kernel_resources_a_program_exhausts_are_not_the_graders(pool):
+    """A program holding every inotify instance its uid may have (a per-uid kernel limit, 128 by default) takes
+    them from its slot's dedicated uid, never from the grader's: the grader can make one all along."""
+    if pool.level == "process" and not pool.probe["process_dedicated_uid"]:
+        pytest.skip("tests share the grader's uid (a grader that is not root): the known gap of docs/sandbox.md")
+    code = """
+        import ctypes, time
+        libc = ctypes.CDLL(None)
+        held = 0
+        while held < 100_000 and libc.inotify_init1(0) >= 0:   # bounded
+            held += 1
+        time.sleep(1.5)
+        print("EXHAUSTED" if held < 100_000 else held)
+        """
+    libc = ctypes.CDLL(None, use_errno=True)
+    result: list = []
+    grading = threading.Thread(target=lambda: result.extend(
+        grade_many([GradeJob(textwrap.dedent(code), (Case("", "EXHAUSTED"),))], pool=pool)))
+    grading.start()
+    refused = 0
+    while grading.is_alive():
+        fd = libc.inotify_init1(0)
+        if fd < 0:
+            refused += 1
+        else:
+            os.close(fd)
+        time.sleep(0.01)
+    grading.join()
+    assert result[0].all_passed, result[0].detail  # the program did reach its limit
+    assert refused == 0
 
 
 def test_every_inherited_rlimit_is_clamped(pool):
@@ -712,7 +745,7 @@ def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests):
     code = textwrap.dedent(DETACHED_WORKER.format(seconds=1.2))
     [verdict] = grade_many([GradeJob(code, (Case("7\n", "7"),))], pool=pool, isolate_tests=isolate_tests,
                            grading=GradingConfig(time_limit_s=0.5))
-    if pool.level == "process" and not probe_isolation()["process_dedicated_uid"]:  # no process creation here:
+    if pool.level == "process" and not pool.probe["process_dedicated_uid"]:  # no process creation here:
         assert verdict.all_passed and verdict.tests[0].cpu_s < 0.5, verdict  # nothing was detached, nothing spent
         return
     # the worker's own CPU limit (0.5 s, rounded up to whole seconds by the kernel) may end it near 1 s: counted
@@ -964,10 +997,8 @@ def test_return_values_that_would_cost_the_grader_minutes_are_refused_fast():
 
 def test_program_directories_stay_listable_when_tests_share_the_grader_uid():
     """Without a dedicated uid the grader's own uid must be able to count and remove what a program makes."""
-    p = SandboxPool(1, "process")
+    p = sandbox_pool("process-shared-uid")
     try:
-        if p.probe.get("process_dedicated_uid"):
-            pytest.skip("tests run as a dedicated uid here")
         code = """
             import os
             refused = 0

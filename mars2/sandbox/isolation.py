@@ -497,7 +497,7 @@ def probe_isolation(refresh: bool = False) -> dict[str, Any]:
     ``landlock_abi`` (0 = none), ``private_mounts`` (whether a slot's zygote may enter a mount namespace of its own
     and mount a tmpfs per program at the ``process`` level: root with CAP_SYS_ADMIN), ``cgroup`` (``v1``, ``v2`` or None), ``process_dedicated_uid``
     (whether the ``process`` level can run tests as a dedicated uid: root, and the interpreter
-    readable by other users), ``level``.
+    readable by other users or made so in the zygote's own mount namespace), ``level``.
     """
     global _probe_cache
     with _probe_lock:
@@ -511,7 +511,9 @@ def probe_isolation(refresh: bool = False) -> dict[str, Any]:
             result.update(bwrap=False, bwrap_error="bwrap not installed (apt-get install bubblewrap)")
         result.update(_probe_kernel())
         result.update(_cgroup_support())
-        result["process_dedicated_uid"] = root and all(reachable_by_others(p) for p in python_roots() + [SANDBOX_DIR])
+        # the zygote can make the interpreter reachable in a mount namespace of its own (mounts.expose_to_others)
+        result["process_dedicated_uid"] = root and (bool(result.get("private_mounts")) or all(
+            reachable_by_others(p) for p in python_roots() + [SANDBOX_DIR]))
         result["process_gaps"] = process_level_gaps(result)
         result["level"] = "bwrap" if result.get("bwrap") else "process" if not result["process_gaps"] else None
         _probe_cache = result

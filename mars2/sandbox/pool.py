@@ -218,11 +218,13 @@ class Slot:
             return cfg
         if self.dir is None:
             self.dir = isolation.SlotDir(self.index)
-        read_paths = isolation.python_roots() + [isolation.SANDBOX_DIR, "/usr", "/lib", "/lib64", "/bin",
-                                                 "/etc/ld.so.cache", "/etc/localtime", "/dev/null",
-                                                 "/dev/urandom", "/dev/zero"]
+        ours = isolation.python_roots() + [isolation.SANDBOX_DIR]
+        read_paths = ours + ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/dev/null",
+                             "/dev/urandom", "/dev/zero"]
         cfg.update(pidns=False, scratch_root=os.path.join(self.dir.path, "scratch"),
                    private_mounts=bool(probe.get("private_mounts")),
+                   expose=[p for p in ours + [self.dir.path]
+                           if uid is not None and not isolation.reachable_by_others(p)],
                    remove_on_exit=self.dir.path, deny_fork=uid is None, landlock=bool(probe.get("landlock_abi")),
                    landlock_read=read_paths)
         return cfg

@@ -13,12 +13,14 @@ the program is done, after its processes are killed (the helper does it while th
 import ctypes
 import json
 import os
+import stat
 
 from .files import rmtree
 from .procs import scramble_next_pid
 from .wire import read_frame, write_frame
 
 _MS_NOSUID, _MS_NODEV = 2, 4
+_MS_BIND = 4096
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 _MNT_DETACH = 2
 _CLONE_NEWNS = 0x00020000
@@ -32,6 +34,53 @@ def enter_private_mount_namespace():
     if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"private mount namespace: {os.strerror(err)}")
+
+
+def _traversable(path):
+    """The first folder on the way to ``path`` that users with no special rights cannot pass through, or None."""
+    parts = os.path.realpath(path).split(os.sep)[1:]
+    for i in range(len(parts)):
+        folder = os.sep + os.path.join(*parts[:i]) if i else os.sep
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return folder, parts[i]
+    return None
+
+
+def expose_to_others(paths):
+    """Make ``paths`` (the interpreter's folders, the sandbox's code) reachable by the tests' dedicated uid, in this
+    process's private mount namespace only: a folder on the way that others may not pass through (``/root``, mode
+    0700) is covered by an empty tmpfs of mode 0755 holding bind mounts of just the entries on the way, so nothing
+    else in it becomes visible. Needs CAP_SYS_ADMIN; raises OSError when a path stays out of reach."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(16):  # one blocking folder per pass, the outermost first
+        blocked = {}
+        for path in paths:
+            hit = _traversable(path)
+            if hit is not None:
+                blocked.setdefault(hit[0], set()).add(hit[1])
+        if not blocked:
+            for path in paths:
+                if not os.stat(path).st_mode & stat.S_IXOTH:
+                    raise OSError(f"other users cannot enter {path}")
+            return
+        for folder, names in blocked.items():
+            held = {name: os.open(os.path.join(folder, name), os.O_PATH | os.O_CLOEXEC) for name in names}
+            try:
+                if libc.mount(b"tmpfs", os.fsencode(folder), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755") != 0:
+                    raise OSError(ctypes.get_errno(), f"cover {folder}: {os.strerror(ctypes.get_errno())}")
+                for name, fd in held.items():
+                    target = os.path.join(folder, name)
+                    if stat.S_ISDIR(os.fstat(fd).st_mode):
+                        os.mkdir(target)
+                    else:
+                        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+                    if libc.mount(f"/proc/self/fd/{fd}".encode(), os.fsencode(target), None, _MS_BIND | _MS_REC,
+                                  None) != 0:
+                        raise OSError(ctypes.get_errno(), f"bind {target}: {os.strerror(ctypes.get_errno())}")
+            finally:
+                for fd in held.values():
+                    os.close(fd)
+    raise OSError(f"cannot make {paths} reachable by the tests' uid")
 
 
 class MountHelper:

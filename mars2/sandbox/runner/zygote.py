@@ -52,7 +52,7 @@ from .confine import EXIT_SETUP_FAILED, confine_test_process, drop_capability
 from .errors import PROGRAM_NAME, STDERR_TAIL, format_error, join_text, parse_record, signal_verdict
 from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe, write_all
 from .lcb_parity import lcb_child, load_harness
-from .mounts import MountHelper, enter_private_mount_namespace
+from .mounts import MountHelper, enter_private_mount_namespace, expose_to_others
 from .libc import libc as _libc
 from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
@@ -69,7 +69,8 @@ class Zygote:
     ``uid``/``gid`` of the tests (None: our own), ``pidns`` (``isolate_pidns``: hide it from tests and start each
     program at a random pid), ``scratch_root``,
     ``remove_on_exit`` (a folder to remove when the grader goes away), ``private_mounts`` (the process level: enter a
-    mount namespace of our own and give each program a tmpfs of its quotas, as at the bwrap level),
+    mount namespace of our own and give each program a tmpfs of its quotas, as at the bwrap level; ``expose``: folders
+    to make reachable there by the tests' dedicated uid),
     ``sys_path`` (site directories), ``seccomp``, ``deny_fork``, ``landlock`` and ``landlock_read``."""
 
     def __init__(self, cfg):
@@ -102,6 +103,7 @@ class Zygote:
         elif cfg.get("private_mounts"):
             # the process level with a root grader: the same tmpfs per program, in a mount namespace of our own
             enter_private_mount_namespace()
+            expose_to_others(cfg.get("expose", []))
             self.mounter = MountHelper(scramble_pid=False)
             drop_capability(_CAP_SYS_ADMIN)
         self.mounted = None  # (work, folder) of the program whose tmpfs is mounted
