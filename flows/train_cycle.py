@@ -37,7 +37,7 @@ from pipeline import tracking
 from pipeline.cli import run_flow_from_cli
 from pipeline.config import CONF_DIR, compose_run
 from pipeline.session import flow_session, team_weights
-from pipeline.dispatch import check_dispatch
+from pipeline.dispatch import all_results, check_dispatch
 from pipeline.weights import model_dir
 
 
@@ -75,7 +75,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                                                         weight_record=latest[name], agents=agents, routed=routed,
                                                         cycle=cycle, temperature=cfg.search.temperature)
                        for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
-            latest = {name: report.done(u.result(), cycle, label=f"update/{name}") for name, u in updates.items()}
+            latest = {name: report.done(u, cycle, label=f"update/{name}") for name, u in all_results(updates).items()}
             for name, w in latest.items():  # only once every update of the cycle has finished: a retry needs none
                 optimizer_states[name].append(w.weights_of(name).optimizer_dir)
                 prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)

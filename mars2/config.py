@@ -351,9 +351,9 @@ class TrainConfig:
     logprob_chunk_tokens: int = 1024
     """response positions per chunk of the log-prob computation: bounds the fp32 [tokens x vocab] logits held at once
     (1024 x 151,936 x 4 B = 0.6 GB)."""
-    collective_timeout_s: float = 7200.0
+    collective_timeout_s: float = field(default=7200.0, metadata={"cache_key": False})
     """seconds an update rank may wait in one collective (DeepSpeed's default is 10 minutes: too short for ranks
-    waiting while rank 0 writes a 32B model folder, 65 GB, on storage slower than ~110 MB/s)."""
+    waiting while rank 0 writes a 32B model folder, 65 GB, on storage slower than ~110 MB/s). Not in cache keys."""
     train_batch: int = 8
     """an agent updates when its buffer holds at least this many samples."""
     step_batch: int | None = None

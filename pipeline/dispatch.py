@@ -29,7 +29,7 @@ import inspect
 import json
 import typing
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -74,6 +74,14 @@ def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNam
         name: LocalStage(t, failed) if pool[name] == orchestration.flow_pool
         else PoolStage(name, t, pool[name], orchestration.stage_timeout_s, executor, failed)
         for name, t in ALL.items()})
+
+
+def all_results(futures: dict[str, Future]) -> dict[str, Any]:
+    """Each future's result, once every one is done: a stage that fails waits for its siblings (updates of other
+    agents on other GPUs) before its error is raised, so a retry finds their work cached and their GPUs free (Prefect
+    cancels the sub-runs of a cancelled flow run, not of a failed one)."""
+    wait(futures.values())
+    return {name: future.result() for name, future in futures.items()}
 
 
 def owner_pools(orchestration: OrchestrationConfig, owners: list[AgentConfig]) -> dict[str, str]:

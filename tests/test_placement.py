@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -17,7 +20,7 @@ from mars2.plan.placement import owner_gpus, owner_nodes, place, require_placeab
 from mars2.plan.planner import _layout
 from mars2.train.launch import launch_environment
 from pipeline.config import compose_run, load_cfg, resolve
-from pipeline.dispatch import owner_pools
+from pipeline.dispatch import all_results, owner_pools
 from pipeline.engines import EnginePool
 from tasks.update import update_devices
 from pipeline.weights import engine_placement, in_process_device
@@ -190,3 +193,24 @@ def test_cpu_agents_are_not_placed():
     assert all(m.gpu_ids == [] for m in run.agents.members)
     assert engine_placement(run.agents.members[0]) == ("cpu", None)
     assert in_process_device(run.agents.members[0]) == "cpu" and update_devices(run.agents.members[0]) is None
+
+
+def test_a_failed_update_waits_for_the_other_agents_before_its_error_is_raised():
+    """Concurrent updates of two agents: the first fails at once, the second is still running on its GPUs; the
+    error comes only once the second has finished (a retry must find it done, not still holding its GPUs)."""
+    finished = threading.Event()
+
+    def fails():
+        raise RuntimeError("update of agent a failed")
+
+    def slow():
+        time.sleep(0.5)
+        finished.set()
+        return "b's record"
+
+    with ThreadPoolExecutor(2) as executor:
+        futures = {"a": executor.submit(fails), "b": executor.submit(slow)}
+        with pytest.raises(RuntimeError, match="agent a"):
+            all_results(futures)
+        assert finished.is_set()
+        assert all_results({"b": futures["b"]}) == {"b": "b's record"}

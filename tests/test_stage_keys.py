@@ -110,7 +110,7 @@ def test_grading_keys_on_what_decides_a_verdict_not_how_many_slots_run(cfg, tmp_
     assert key(replace(cfg.grading, time_limit_s=1.0)) != key(cfg.grading)
 
 
-def test_update_keys_ignore_how_many_optimizer_states_are_kept(cfg, tmp_path):
+def test_update_keys_ignore_how_many_optimizer_states_are_kept_and_how_long_collectives_wait(cfg, tmp_path):
     member = cfg.agents.members[0]
 
     def key(train):
@@ -119,6 +119,7 @@ def test_update_keys_ignore_how_many_optimizer_states_are_kept(cfg, tmp_path):
                     temperature=1.0)
 
     assert key(replace(cfg.train, keep_optimizer_states=3)) == key(cfg.train)
+    assert key(replace(cfg.train, collective_timeout_s=14400.0)) == key(cfg.train)  # raised after a timeout
     assert key(replace(cfg.train, kl_coef=0.5)) != key(cfg.train)
 
 
