@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from pipeline.runtime import configure_process
 
 configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.deployments.runner import EntrypointType
 
 from mars2.config import ConfigError
@@ -91,6 +91,10 @@ def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", wait
     runs are submitted and the sweep completes at once."""
     runs = submit_grid(grid, deployment, as_subflow=True)
     rows = [{"flow_run": r.name, "id": str(r.id), "overrides": r.parameters["overrides"]} for r in runs]
+    log = get_run_logger()
+    log.info("sweep %s: %d points of %s", sweep_tag(runs), len(rows), deployment)
+    for i, row in enumerate(rows):
+        log.info("point %d: flow run %s (%s): %s", i, row["flow_run"], row["id"], " ".join(row["overrides"]))
     if not wait:
         return rows
     states = wait_for(runs, math.inf if timeout_s is None else timeout_s)
@@ -99,6 +103,11 @@ def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", wait
     if any(row["state"] != "Completed" for row in rows):
         raise SweepFailed(failed_points(rows))
     return rows
+
+
+def sweep_tag(runs: Sequence) -> str:
+    """The tag the flow runs of one sweep share (``sweep-<id>``); their MLflow runs carry ``mars2.sweep=<id>``."""
+    return next(t for t in runs[0].tags if t.startswith("sweep-")) if runs else "sweep-(empty)"
 
 
 class SweepFailed(RuntimeError):
@@ -239,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for r in runs:
         print(f"submitted {r.name}  {r.id}  {json.dumps(r.parameters['overrides'])}")
+    tag = sweep_tag(runs)
+    print(f"{tag}: in MLflow, filter the runs by  tags.mars2.sweep = '{tag.removeprefix('sweep-')}'")
     if not args.wait:
         return 0
     states = wait_for(runs, args.timeout)

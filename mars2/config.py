@@ -911,10 +911,12 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
             if _is_smollm2(m.model):
                 _validate_smollm2(where, m, planning=False)
             elif not os.path.isdir(m.model):
+                gpus = (f" and, for {m.device!r} placement, GPUs; on a CPU box use agents=tiny_cpu (or "
+                        "agents=smollm2_cpu for a real 135M model)") if m.device.startswith("cuda") else \
+                    " (agents.members.N.model=tiny builds a tiny random model offline)"
                 _fail(f"{where}: model path {m.model!r} does not exist on {here}",
-                      "Real-model presets need local model directories (set MARS2_MODELS=<folder holding them> or "
-                      f"agents.members.N.model=<path>) and, for {m.device!r} placement, GPUs; on a CPU box use "
-                      "agents=tiny_cpu (or agents=smollm2_cpu for a real 135M model).")
+                      "A model given by path must be a local model folder (set MARS2_MODELS=<folder holding them> or "
+                      f"agents.members.N.model=<path>){gpus}.")
         if m.device.startswith("cuda"):
             needs_gpu.append(m.name)
     if needs_gpu:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -37,6 +38,9 @@ def check_first(argv: list[str], then: Callable[[RunConfig], object] | None = No
     run given by plain overrides is composed here; a multirun, Hydra's flags and ``hydra.*`` overrides are checked by
     each job (:func:`run_flow_from_cli`), as is whatever needs the flow's imports (a server to dispatch to, an
     earlier run's weights in the MLflow store)."""
+    what = Path(sys.argv[0]).stem.replace("_", " ")
+    print(f"mars2 {what}: {' '.join(argv) or 'the default config'}: checking it, then starting", file=sys.stderr,
+          flush=True)  # the first line at once: the imports and a server's start that follow take seconds
     runtime.configure_process()  # offline hub flags before a GPU preset's plan loads transformers
     check_command_line(argv)
     if any(a.startswith(("-", "hydra.")) for a in argv):
@@ -183,7 +187,7 @@ def _run_log(root: Path):
         yield None
         return
     handler.setLevel(logging.INFO)
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    handler.setFormatter(RunLogFormatter("%(asctime)s | %(levelname)-7s | %(name)s - %(run)s%(message)s"))
     top = logging.getLogger()
     quiet = _quiet_run_errors if "PREFECT_LOGGING_LEVEL" not in os.environ else None
     consoles = [h for h in top.handlers
@@ -198,6 +202,17 @@ def _run_log(root: Path):
         handler.close()
         for h in consoles if quiet else ():
             h.removeFilter(quiet)
+
+
+class RunLogFormatter(logging.Formatter):
+    """Names the task or flow run a record of Prefect's run loggers is about (``rollout-c0: Finished in state
+    Completed()``), which Prefect keeps in the record's ``task_run_name`` / ``flow_run_name``; other records as
+    they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        run = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+        record.run = f"{run}: " if run else ""
+        return super().format(record)
 
 
 def _quiet_run_errors(record) -> bool:

@@ -96,6 +96,14 @@ def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str
     return run
 
 
+def override_label(overrides: list[str] | tuple[str, ...]) -> str:
+    """What makes a run differ from its preset, in a stable short form: its Hydra overrides but the preset's own
+    (``agents=...``, which the run's name says first) and Hydra's settings (``hydra.*``), in the order given, joined
+    by spaces: ``train.kl_coef=0.002 train.seed=1``; empty for the preset as it is."""
+    return " ".join(o for o in overrides
+                    if o.split("=", 1)[0].lstrip("+~") not in ("agents",) and not o.lstrip("+~").startswith("hydra."))
+
+
 def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     """``run`` placed by its plan (:func:`mars2.plan.placement.place`), after :func:`mars2.plan.require_fit` with
     ``check_fit``. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)

@@ -115,10 +115,14 @@ class PlainLines:
             now = time.monotonic()
             name = f"{self.label}: {self.phase}" if self.phase else self.label
             rate = self.done / max(now - self.phase_start, 1e-9)
-            eta = f"ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 and self.total else "ETA ?"
-            total = self.total or "?"
-            return (f"{name}: {self.done}/{total} {self.unit}, {rate:.1f} {self.unit}/s, "
-                    f"{now - self.start:.0f} s elapsed, {eta}")
+            elapsed = f"{now - self.start:.0f} s elapsed"
+            if not self.done:  # nothing to say a rate or an ETA from yet
+                count = f"0/{self.total} {self.unit}" if self.total else f"no {self.unit} done yet"
+                return f"{name}: {count}, {elapsed}"
+            if not self.total:
+                return f"{name}: {self.done} {self.unit} so far, {rate:.1f} {self.unit}/s, {elapsed}"
+            return (f"{name}: {self.done}/{self.total} {self.unit}, {rate:.1f} {self.unit}/s, {elapsed}, "
+                    f"ETA {(self.total - self.done) / rate:.0f} s")
 
     def every(self, every_s: float, stop: threading.Event) -> None:
         while not stop.wait(every_s):

@@ -28,6 +28,7 @@ class RunReport:
     ctx: StageContext
     run: tracking.TrackedRun
     title: str = "mars2 train cycle"
+    label: str = ""  # the overrides that make the run differ from its preset
     console: Console = field(default_factory=lambda: summary_console())
     rows: list[dict] = field(default_factory=list)
 
@@ -72,6 +73,8 @@ class RunReport:
             notes = "\n\n".join(x for x in (notes, verdict) if x)
         reused = self.run.reused if status == "FINISHED" else None
         run_id = reused or self.run.needed()
+        if reused and self.run.tags:  # a sweep point whose every stage came from cache: its run is the reused one
+            tracking.set_tags(self.cfg, reused, self.run.tags)
         summary = self.markdown(status, tables, run_metrics, notes)  # after needed(): a deferred run gets its id there
         if reused is None:
             tracking.log_metrics(self.cfg, run_id, run_metrics)
@@ -84,8 +87,9 @@ class RunReport:
             if url := prefect_run_url():
                 tracking.set_tags(self.cfg, run_id, {"prefect.flow_run_url": url})
             tracking.end_run(self.cfg, run_id, status)
-        self._print(tables, run_metrics, notes)
-        publish_to_prefect(summary, run_id, tracking.run_link(self.cfg, run_id))
+        self._print(status, tables, run_metrics, notes)
+        publish_to_prefect(summary, run_id, tracking.run_link(self.cfg, run_id),
+                           f"{self.cfg.agents.preset}, {self.overrides_text()}")
         return {"run_id": run_id, "status": status, "stages": self.rows, "eval": eval_metrics,
                 **run_metrics,
                 "tracking_uri": tracking.tracking_uri(self.cfg), "reused": reused is not None,
@@ -127,7 +131,7 @@ class RunReport:
     def markdown(self, status: str, tables: list[SummaryTable], run_metrics: dict[str, float], notes: str = "") -> str:
         """The console summary as markdown: the Prefect run's summary artifact and the MLflow run's ``summary.md``."""
         run_id = self.run.reused or self.run.id
-        lines = [f"# {self.title}: {status}", "",
+        lines = [f"# {self.title}: {status}", "", f"{self.cfg.agents.preset}, {self.overrides_text()}", "",
                  f"MLflow run [{run_id}]({tracking.run_link(self.cfg, run_id)}) in experiment "
                  f"`{self.cfg.paths.experiment}` at `{tracking.tracking_uri(self.cfg)}`"
                  + (" (every stage came from cache: the run of this command)" if self.run.reused else
@@ -142,9 +146,14 @@ class RunReport:
         lines += [f"- `{term}`: {meaning}" for term, meaning in GLOSSARY.items()]
         return "\n".join(lines)
 
-    def _print(self, tables: list[SummaryTable], run_metrics: dict[str, float], notes: str = "") -> None:
+    def overrides_text(self) -> str:
+        return f"overrides: {self.label}" if self.label else "no overrides"
+
+    def _print(self, status: str, tables: list[SummaryTable], run_metrics: dict[str, float], notes: str = "") -> None:
         from rich.markdown import Markdown
 
+        self.console.print(f"[bold]{self.title}[/]: {status}, {self.cfg.agents.preset}, {self.overrides_text()}",
+                           highlight=False)
         for t in tables:
             self.console.print(t)
         if notes:
@@ -166,6 +175,8 @@ class RunReport:
             self.console.print(f"  then open {link}")
         else:
             self.console.print(f"  view it: {link}")
+        if url := prefect_run_url():
+            self.console.print(f"Prefect flow run: {url}")
         self.console.print(f"  artefacts: {self.cfg.paths.root}/artifacts")
 
 
@@ -196,14 +207,15 @@ def prefect_run_url() -> str | None:
     return flow_run.ui_url if prefect_server_outlives_run() else None
 
 
-def publish_to_prefect(markdown: str, mlflow_run_id: str, mlflow_link: str) -> None:
-    """Show the run's results on its Prefect flow run page: the summary as a markdown artifact, a link artifact to the
+def publish_to_prefect(markdown: str, mlflow_run_id: str, mlflow_link: str, what: str) -> None:
+    """Show the run's results on its Prefect flow run page: the summary as a markdown artifact (described as the
+    summary of ``what``: the preset and its overrides), a link artifact to the
     MLflow run, and the tag ``mlflow:<run id>`` on the flow run (its list of runs can be filtered by it)."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    create_markdown_artifact(markdown, description="mars2 summary: stages, cycles, held-out evaluation")
+    create_markdown_artifact(markdown, description=f"mars2 summary of {what}: stages, cycles, held-out evaluation")
     create_link_artifact(mlflow_link, link_text=f"MLflow run {mlflow_run_id}", description="the run's MLflow page")
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, tags=sorted({*flow_run.tags, f"mlflow:{mlflow_run_id}"}))

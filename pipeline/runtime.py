@@ -106,6 +106,8 @@ def start_temporary_server() -> None:
     import atexit
     import fcntl
 
+    print("mars2: starting a temporary Prefect server for this run (PREFECT_API_URL is not set)", file=sys.stderr,
+          flush=True)
     home = Path(os.environ["PREFECT_HOME"])
     lock = os.open(home / "temporary-server.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     _server.update(lock=lock, log=home / f"temporary-server-{os.getpid()}.log")

@@ -45,18 +45,24 @@ class FlowSession:
 
 
 @contextmanager
-def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispatch: bool = False
+def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispatch: bool = False, label: str = ""
                  ) -> Iterator[FlowSession]:
     """Open the flow run's session. ``dispatch``: stages run where ``cfg.orchestration`` places them (the train
-    flow); otherwise all in this process. ``kind`` and ``run_name`` name the MLflow run."""
+    flow); otherwise all in this process. ``kind`` and ``run_name`` name the MLflow run; ``label`` (the overrides of
+    the preset, :func:`pipeline.config.override_label`) goes in its tags, description and summary, and, when not
+    empty, ``run_name`` names the Prefect flow run too. A point of a sweep (Prefect tag ``sweep-<id>``) tags its
+    MLflow run ``mars2.sweep=<id>``, or the earlier run it reuses when every stage comes from cache."""
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
                        fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus,
                        engine_pools=owner_pools(cfg.orchestration, cfg.agents.owners) if dispatch else {})
     use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
+    sweep = [t.removeprefix("sweep-") for t in flow_run.tags if t.startswith("sweep-")]
     run = tracking.open_run(cfg, to_container(cfg), to_yaml(cfg), flow_run_id=ctx.flow_run_id, run_name=run_name,
-                            kind=kind)
-    report = RunReport(cfg, ctx, run, title=title)
+                            kind=kind, label=label, tags={"mars2.sweep": sweep[0]} if sweep else {})
+    if label:
+        name_flow_run(run_name)
+    report = RunReport(cfg, ctx, run, title=title, label=label)
     stage = placed_stages(cfg.orchestration if dispatch else None)
     with engine_pool(cfg.backend, ctx) as engines:
         session = FlowSession(cfg, dataclasses.replace(ctx, engines=engines), run, report, stage)
@@ -65,6 +71,15 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
         except BaseException:
             report.finish("FAILED", session.metrics, {"engine_starts": engines.starts}, stage.failed)
             raise
+
+
+def name_flow_run(name: str) -> None:
+    """Give this flow run ``name`` on its Prefect server (a run started from the UI or a sweep has a random one)."""
+    from prefect.client.orchestration import get_client
+
+    if flow_run.name != name:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name)
 
 
 def checkpoints_of(cfg: RunConfig) -> tuple[dict[str, str], dict[str, dict[str, str]]]:

@@ -124,11 +124,13 @@ def client(cfg: RunConfig):
 
 
 def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str,
-              kind: str = "train", parent_run_id: str | None = None) -> str:
+              kind: str = "train", parent_run_id: str | None = None, label: str = "",
+              tags: dict[str, str] | None = None) -> str:
     """Create the MLflow run of this flow run; log the resolved config as flattened params and as YAML.
 
-    Tags: ``mars2.kind`` (train | evaluate | study | compare), ``mars2.agents``, ``mars2.paradigm``, and
-    ``mlflow.parentRunId`` when the run belongs to a study (MLflow's UI nests it under the parent).
+    Tags: ``mars2.kind`` (train | evaluate | study | compare), ``mars2.agents``, ``mars2.paradigm``, ``mars2.overrides``
+    (``label``: what makes the run differ from its preset, also in its description), ``mlflow.parentRunId`` when the
+    run belongs to a study (MLflow's UI nests it under the parent), and ``tags`` (e.g. ``mars2.sweep``).
     """
     from mlflow.entities import Param
 
@@ -136,7 +138,8 @@ def start_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_
     exp_id = experiment_id(cfg)
     tags = {"prefect.flow_run_id": flow_run_id, "mars2.agents": cfg.agents.preset,
             "mars2.paradigm": cfg.agents.paradigm, "mars2.kind": kind, **source_tags(),
-            "mlflow.note.content": describe(cfg, kind), CONFIG_TAG: config_fingerprint(config)}
+            "mlflow.note.content": describe(cfg, kind, label), CONFIG_TAG: config_fingerprint(config),
+            "mars2.overrides": label or "(none)"} | (tags or {})
     tags |= {f"mars2.{k}": str(v) for k, v in cfg.paths.tags.items()}
     parent_run_id = parent_run_id or cfg.paths.parent_run
     if parent_run_id:
@@ -208,6 +211,7 @@ class TrackedRun:
 
     create: Callable[[], str]
     id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # the run's, at creation; the reused run's too (mars2.sweep)
     resumed: bool = False
     previous: str | None = None
     pending: list[Callable[[str], None]] = field(default_factory=list)
@@ -282,22 +286,26 @@ def abandoned(run) -> bool:
 
 
 def open_run(cfg: RunConfig, config: dict[str, Any], config_yaml: str, *, flow_run_id: str, run_name: str,
-             kind: str = "train") -> TrackedRun:
-    """The :class:`TrackedRun` of this flow run (see there for resume / defer / create)."""
+             kind: str = "train", label: str = "", tags: dict[str, str] | None = None) -> TrackedRun:
+    """The :class:`TrackedRun` of this flow run (see there for resume / defer / create); ``label`` and ``tags`` as
+    :func:`start_run`'s, ``tags`` also set on a run this one resumes or reuses."""
+    tags = dict(tags or {})
+
     def create() -> str:
-        return start_run(cfg, config, config_yaml, flow_run_id=flow_run_id, run_name=run_name, kind=kind)
+        return start_run(cfg, config, config_yaml, flow_run_id=flow_run_id, run_name=run_name, kind=kind, label=label,
+                         tags=tags)
 
     before = latest_run_of(cfg, config_fingerprint(config), kind)
     status = before.info.status if before is not None else None
     if status in ("FAILED", "KILLED") or (before is not None and abandoned(before)):
         run_id = before.info.run_id
         _client(tracking_uri(cfg)).update_run(run_id, status="RUNNING")
-        set_tags(cfg, run_id, {"prefect.flow_run_id": flow_run_id, **owner_tags(),
+        set_tags(cfg, run_id, {"prefect.flow_run_id": flow_run_id, **owner_tags(), **tags,
                                "mars2.resumed": str(int(before.data.tags.get("mars2.resumed", "0")) + 1)})
-        return TrackedRun(create, id=run_id, resumed=True)
+        return TrackedRun(create, id=run_id, resumed=True, tags=tags)
     if status == "FINISHED":
-        return TrackedRun(create, previous=before.info.run_id)
-    return TrackedRun(create, id=create())
+        return TrackedRun(create, previous=before.info.run_id, tags=tags)
+    return TrackedRun(create, id=create(), tags=tags)
 
 
 def source_tags() -> dict[str, str]:
@@ -316,10 +324,12 @@ def source_tags() -> dict[str, str]:
     return tags
 
 
-def describe(cfg: RunConfig, kind: str) -> str:
-    """The run's one-paragraph description (MLflow shows it on the run page)."""
+def describe(cfg: RunConfig, kind: str, label: str = "") -> str:
+    """The run's one-paragraph description (MLflow shows it on the run page and in its run list): what it varies
+    first (``label``, the overrides of its preset), then what it is."""
     data = cfg.data.source + (f" → eval on {cfg.data.eval_source}" if cfg.data.split == "source" else "")
-    return (f"mars2 {kind}: agents={cfg.agents.preset} ({cfg.agents.paradigm}, "
+    return (f"{'overrides: ' + label if label else 'the preset as it is'}. "
+            f"mars2 {kind}: agents={cfg.agents.preset} ({cfg.agents.paradigm}, "
             f"{', '.join(m.name for m in cfg.agents.members)}), search={cfg.search.strategy} "
             f"({cfg.search.max_nodes} nodes), data={data}, {cfg.train.cycles} cycle(s).")
 

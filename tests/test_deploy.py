@@ -118,6 +118,15 @@ def test_cli_gives_the_flow_each_jobs_overrides_and_multirun_runs_one_flow_per_j
     assert (tmp_path / "home" / "multirun").is_dir()
 
 
+def test_a_runs_label_is_its_overrides_but_the_preset_in_the_order_given():
+    from pipeline.config import override_label
+
+    assert override_label([]) == override_label(["agents=tiny_cpu"]) == ""
+    assert override_label(["train.kl_coef=0.002", "agents=tiny_cpu_single", "+paths.tags.arm=grpo", "hydra.job.chdir=1",
+                           "agents.members.0.model=tiny"]) == \
+        "train.kl_coef=0.002 +paths.tags.arm=grpo agents.members.0.model=tiny"
+
+
 def test_sweep_grid_is_hydras_multirun_grid():
     from flows.deploy import expand_grid
 
@@ -589,3 +598,34 @@ def test_pools_mode_runs_each_owners_update_and_engine_on_its_nodes_pool(stack):
     while any(_running(pid) for pid in pids):
         assert time.time() < deadline, "node services outlived their run"
         time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_sweep_point_is_a_run_named_by_its_overrides_under_one_mlflow_filter(stack):
+    """A command-line run reported to the server prints links to its Prefect flow run and its MLflow run; a 2-point
+    sweep after it, one point with the same settings (every stage from cache: it reuses that run) and one not,
+    shows two runs under the filter ``tags.mars2.sweep = '<id>'``, each named by its overrides, and the sweep's points
+    are Prefect flow runs named the same way."""
+    base = [*SMALL, "agents.members.0.model=tiny"]
+    cli = subprocess.run([sys.executable, "flows/train_cycle.py", *base], cwd=ROOT, env=stack["env"],
+                         capture_output=True, text=True, timeout=400)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    console = cli.stdout + cli.stderr
+    assert console.lstrip().startswith(f"mars2 train cycle: {' '.join(base)}: checking it"), console[:300]
+    assert "Prefect flow run: http://" in console and "/runs/flow-run/" in console, console[-1500:]
+    assert "#/experiments/" in console, console[-1500:]  # the MLflow run's link
+
+    out, ids = _sweep(stack, *base, "train.seed=0,2")
+    assert out.returncode == 0, out.stdout + out.stderr + _logs(stack)
+    (sweep_id,) = {line.split("'")[1] for line in out.stdout.splitlines() if "tags.mars2.sweep" in line}
+    with sqlite3.connect(stack["home"] / "mlflow.db") as db:
+        names = dict(db.execute("select r.run_uuid, r.name from runs r join tags t on t.run_uuid = r.run_uuid "
+                                "where t.key = 'mars2.sweep' and t.value = ?", (sweep_id,)).fetchall())
+        overrides = dict(db.execute("select run_uuid, value from tags where key = 'mars2.overrides'").fetchall())
+    assert len(names) == 2, names
+    label = " ".join(o for o in base if not o.startswith("agents="))
+    assert sorted(names.values()) == sorted([f"tiny_cpu {label}", f"tiny_cpu {label} train.seed=2"]), names
+    assert sorted(overrides[r] for r in names) == sorted([label, f"{label} train.seed=2"])
+    points = {r["id"]: r["name"] for r in _flow_runs(stack, "train-cycle") if r["id"] in ids}
+    assert sorted(points.values()) == sorted(f"tiny_cpu {label} train.seed={s}" for s in (0, 2)), points

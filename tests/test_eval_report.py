@@ -118,3 +118,31 @@ def test_arm_and_row_from_mlflow_run_data():
                "eval/team/pass_at_n": 0.6}
     assert run_row(metrics, agent="qwen") == {"pass_at_1": 0.25, "pass_at_1_mcts": 0.4, "pass_at_n": 0.6}
     assert run_row(metrics, agent="absent")["pass_at_1"] == 0.5
+
+
+def test_per_cycle_plots_tick_whole_cycles_and_name_the_start():
+    from mars2.eval.report import cycle_ticks
+
+    assert cycle_ticks([-1, 0]) == ([-1, 0], ["start", "0"])
+    assert cycle_ticks(list(range(40))) == ([], [])
+
+
+def test_eval_curves_draw_every_metric_with_whole_cycle_ticks(tmp_path, monkeypatch):
+    from mars2.eval import report
+
+    seen = {}
+    save = report.save_figure
+
+    def keep(fig, path):
+        ax = fig.axes[0]
+        seen["ticks"] = [t.get_text() for t in ax.get_xticklabels()]
+        seen["styles"] = {(line.get_linestyle(), line.get_marker()) for line in ax.get_lines()}
+        return save(fig, path)
+
+    history = pd.DataFrame([{"metric": m, "cycle": c, "value": 0.5} for m in ("a/pass_at_1", "b/pass_at_1")
+                            for c in (-1, 0)])
+    monkeypatch.setattr(report, "save_figure", keep)
+    path = report.plot_curves(history, tmp_path / "curves.png")
+    assert path.stat().st_size > 0
+    assert seen["ticks"] == ["start", "0"]
+    assert len(seen["styles"]) == 2  # two equal lines, each drawn so it shows

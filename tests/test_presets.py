@@ -132,3 +132,13 @@ def test_a_gpu_machine_without_cuda_says_whether_its_driver_is_too_old_for_cuda_
         no_cuda_reason("535.104.05")
     assert "torch sees no device" in no_cuda_reason("580.65.06")
     assert no_cuda_reason(None) == "no NVIDIA driver is loaded"
+
+
+@pytest.mark.parametrize(("device", "speaks_of_gpus"), [("cpu", False), ("cuda", True)])
+def test_a_missing_model_folder_speaks_of_gpus_only_for_an_agent_placed_on_them(device, speaks_of_gpus):
+    from mars2.config import AgentConfig, check_machine
+
+    with pytest.raises(ConfigError) as e:
+        check_machine([AgentConfig(name="a", model="/nonexistent/model", device=device)], cuda_available=True)
+    assert ("GPU" in str(e.value)) == speaks_of_gpus, str(e.value)
+    assert "/nonexistent/model" in str(e.value)

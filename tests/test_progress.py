@@ -51,6 +51,19 @@ def test_off_a_terminal_a_long_stage_prints_a_plain_line_every_few_seconds():
     assert out.getvalue() == ""
 
 
+def test_a_plain_line_before_the_first_item_or_without_a_total_shows_no_unknowns():
+    from pipeline.progress import PlainLines
+
+    lines = PlainLines("update/a c0", "samples", Console(file=io.StringIO()))
+    assert lines.line().startswith("update/a c0: no samples done yet, ")
+    lines.update(0, 24, None)
+    assert lines.line().startswith("update/a c0: 0/24 samples, ") and "ETA" not in lines.line()
+    lines.update(5, 0, None)
+    assert lines.line().startswith("update/a c0: 5 samples so far, ") and "?" not in lines.line()
+    lines.update(6, 24, None)
+    assert "6/24 samples" in lines.line() and "ETA " in lines.line()
+
+
 def test_the_summary_shows_held_out_numbers_before_and_after_training():
     import re
 

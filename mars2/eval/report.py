@@ -158,8 +158,18 @@ def plot_curves(history: pd.DataFrame, path: str | Path, *, title: str = "held-o
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, rows in history.sort_values("cycle").groupby("metric", sort=True):
-        ax.plot(rows["cycle"], rows["value"], marker="o", label=name)
+    for i, (name, rows) in enumerate(history.sort_values("cycle").groupby("metric", sort=True)):
+        # equal values are common (a tiny run's agents at the same rate): a line style and marker size of its own
+        # keeps a line drawn over another visible
+        ax.plot(rows["cycle"], rows["value"], marker="osD^v<>p"[i % 8], markersize=9 - 2 * (i % 3),
+                linestyle=("-", "--", ":", "-.")[i % 4], alpha=0.85, label=name)
+    positions, labels = cycle_ticks(sorted(history["cycle"].unique()))
+    if positions:
+        ax.set_xticks(positions, labels)
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("cycle")
     ax.set_ylabel("pass rate")
     ax.set_ylim(0, 1)
@@ -167,6 +177,14 @@ def plot_curves(history: pd.DataFrame, path: str | Path, *, title: str = "held-o
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def cycle_ticks(cycles: list[int], most: int = 12) -> tuple[list[int], list[str]]:
+    """The x ticks of a per-cycle plot: every cycle (whole numbers only), the evaluation before training (cycle -1)
+    labelled ``start``; none (a locator of whole numbers decides) when there are more than ``most``."""
+    if len(cycles) > most:
+        return [], []
+    return [int(c) for c in cycles], ["start" if c < 0 else str(int(c)) for c in cycles]
 
 
 def save_figure(fig, path: str | Path) -> Path:
