@@ -22,7 +22,7 @@ from mars2.train.launch import launch_environment
 from pipeline.config import compose_run, load_cfg, resolve
 from pipeline.dispatch import all_results, owner_pools
 from pipeline.engines import EnginePool
-from tasks.update import update_devices
+from tasks.update import node_ranks, update_devices
 from pipeline.weights import engine_placement, in_process_device
 
 GPU_PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
@@ -214,3 +214,15 @@ def test_a_failed_update_waits_for_the_other_agents_before_its_error_is_raised()
             all_results(futures)
         assert finished.is_set()
         assert all_results({"b": futures["b"]}) == {"b": "b's record"}
+
+
+def test_two_updates_on_one_node_share_its_cores_by_gpu(paper_data):
+    """One node of 8 GPUs: each agent's update has 4 ranks on 4 of its GPUs and both run at once, so a rank gets an
+    eighth of the node's cores, not a quarter (16 ranks' threads on 8 ranks' cores)."""
+    from mars2.cpu import split_cpus
+
+    cfg = _compose("heterogeneous_32b", paper_data)
+    ranks = [node_ranks(m, visible_gpus=8) for m in cfg.agents.owners]
+    assert [m.processes for m in cfg.agents.owners] == [4, 4] and ranks == [8, 8]
+    assert split_cpus(64, update_ranks=ranks[0]).update_rank == 8
+    assert node_ranks(replace(cfg.agents.owners[0], device="cpu")) == 4

@@ -91,14 +91,16 @@ def test_extra_empty_chunks_call_the_head_in_forward_and_backward_and_change_not
 
 def test_update_ranks_wait_in_a_collective_as_long_as_the_run_says():
     """DeepSpeed's default process-group timeout (10 min) is shorter than rank 0 writing a 65 GB folder on slow
-    storage while the other ranks wait: the group is made with train.collective_timeout_s (read back from it)."""
+    storage while the other ranks wait: the groups are made with train.collective_timeout_s (read back from them)."""
     code = ("import torch, torch.distributed as d; from mars2.train.update import init_distributed; "
             "init_distributed(1234.0); g = d.distributed_c10d._get_default_group(); "
-            "print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds())")
+            "print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds()); "
+            "g = d.new_group([0]); print(g._get_backend(torch.device('cpu')).options._timeout.total_seconds())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert float(out.stdout.split()[-1]) == 1234.0
+    # the world group, and a group made later without a timeout (DeepSpeed's data-parallel groups)
+    assert [float(x) for x in out.stdout.split()[-2:]] == [1234.0, 1234.0], out.stdout
     from mars2.config import TrainConfig
 
     assert TrainConfig().collective_timeout_s == UpdateHParams().collective_timeout_s == 7200.0

@@ -82,7 +82,8 @@ def update_hparams(train, optimizer, *, cycle: int, dtype: str, temperature: flo
 
 def init_distributed(timeout_s: float = 7200.0) -> tuple[int, int]:
     """(rank, world size) of this process, with torch.distributed ready for DeepSpeed (gloo on CPU, nccl on GPU);
-    a rank waits at most ``timeout_s`` in one collective.
+    a rank waits at most ``timeout_s`` in one collective, of the world group and of every group made later without a
+    timeout of its own (DeepSpeed's data-parallel groups: ZeRO's reduce-scatter and all-reduce run there).
 
     Under ``torchrun`` (RANK/WORLD_SIZE/MASTER_* set by the launcher) it joins the launcher's group; alone, it makes
     a one-process group on an in-memory store, so DeepSpeed runs without its launcher and no port is taken (a free
@@ -103,6 +104,10 @@ def init_distributed(timeout_s: float = 7200.0) -> tuple[int, int]:
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         timeout = datetime.timedelta(seconds=timeout_s)
+        # torch's default for groups made without a timeout (10 min nccl, 30 gloo): DeepSpeed makes its
+        # data-parallel groups that way (utils/groups.py), so the run's timeout would reach the world group only
+        c10d = dist.distributed_c10d
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
         if not launched:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed prints "... built successfully" for its CPU op
