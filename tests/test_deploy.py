@@ -613,7 +613,7 @@ def test_each_sweep_point_is_a_run_named_by_its_overrides_under_one_mlflow_filte
     assert cli.returncode == 0, cli.stdout + cli.stderr
     console = cli.stdout + cli.stderr
     assert console.lstrip().startswith(f"mars2 train cycle: {' '.join(base)}: checking it"), console[:300]
-    assert "Prefect flow run: http://" in console and "/runs/flow-run/" in console, console[-1500:]
+    assert "Prefect flow run: http://" in console and "/flow-run/" in console, console[-1500:]
     assert "#/experiments/" in console, console[-1500:]  # the MLflow run's link
 
     out, ids = _sweep(stack, *base, "train.seed=0,2")
