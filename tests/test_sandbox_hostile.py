@@ -719,10 +719,13 @@ def test_host_wide_kernel_counters_tell_a_program_nothing(pool):
 
 
 DETACHED_WORKER = """
-    import os, time
+    import ctypes, os, time
+    if {stop_reaping}:                  # give up being the reaper of our orphans: they would go to the zygote
+        ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)
     r, w = os.pipe()
     try:
-        if os.fork() == 0:              # a grandchild the test process never reaps: its parent exits at once
+        middle = os.fork()
+        if middle == 0:                 # a grandchild the test process never reaps: its parent exits at once
             os.setsid()
             if os.fork() == 0:
                 end = time.process_time() + {seconds}
@@ -730,6 +733,7 @@ DETACHED_WORKER = """
                     pass
                 os.write(w, b"7")       # the "work" done, handed back
             os._exit(0)
+        os.waitpid(middle, 0)           # no child of ours left to see
         os.close(w)
         print(os.read(r, 1).decode())   # the test process itself spends no CPU: it waits
     except OSError:                     # no process creation at this level: the attack cannot start
@@ -737,12 +741,14 @@ DETACHED_WORKER = """
     """
 
 
+@pytest.mark.parametrize("stop_reaping", [False, True])
 @pytest.mark.parametrize("isolate_tests", [False, True])
-def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests):
+def test_cpu_of_detached_processes_counts_against_the_test(pool, isolate_tests, stop_reaping):
     """A program that has a detached grandchild do its work (1.2 s of CPU) and waits for the answer passed a 0.5 s
-    CPU limit with 0 s recorded when the grandchild was reaped by no one in the test: the CPU of every process of
-    the test counts, reaped or not, and the verdict is a time-limit one."""
-    code = textwrap.dedent(DETACHED_WORKER.format(seconds=1.2))
+    CPU limit with 0 s recorded when the grandchild was reaped by no one in the test, and again (3.2 s for a 1 s
+    limit) when the test process first cleared its child-subreaper flag so that its orphans went to the zygote: the
+    CPU of every process of the test counts, reaped or not, and the verdict is a time-limit one."""
+    code = textwrap.dedent(DETACHED_WORKER.format(seconds=1.2, stop_reaping=stop_reaping))
     [verdict] = grade_many([GradeJob(code, (Case("7\n", "7"),))], pool=pool, isolate_tests=isolate_tests,
                            grading=GradingConfig(time_limit_s=0.5))
     if pool.level == "process" and not pool.probe["process_dedicated_uid"]:  # no process creation here:

@@ -47,6 +47,27 @@ def ns_pids(me):
         return []
 
 
+def children_of(pid):
+    """The pids of ``pid``'s live or unreaped children (``/proc/<pid>/task/*/children``, else a scan of ``/proc``)."""
+    found = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(p) for p in f.read().split())
+        return found
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.add(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
 def reap_children():
     """Reap every child that has exited; the CPU seconds they used, their own waited-for descendants included (the
     zygote is a child subreaper: a test's orphans, however detached, end up here)."""

@@ -8,7 +8,8 @@ flag (EOPNOTSUPP: ``FALLOC_FL_KEEP_SIZE`` allocates past the file-size limit); `
 ``ioprio_set`` other than for the caller itself, ``migrate_pages``/``move_pages``/``process_madvise``.
 ``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
 abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag or CLONE_PARENT; ``clone3`` (ENOSYS, so glibc falls back to
-``clone``, whose flags a filter can inspect); another architecture's calls kill the process. Options add no
+``clone``, whose flags a filter can inspect); ``prctl(PR_SET_CHILD_SUBREAPER, 0)`` (a test process stays its
+orphans' reaper); another architecture's calls kill the process. Options add no
 process creation, no ``kill(pid <= 0)``, no signal to one protected pid, and no metadata change (chmod, chown,
 utime, xattrs) for tests that run as the grader's own uid.
 """
@@ -46,7 +47,7 @@ _ARCHES = {
         "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
         "setxattrat": 463, "removexattrat": 466,
         "ioctl": 16, "fcntl": 72, "umask": 95, "mkdir": 83, "mkdirat": 258, "rt_sigqueueinfo": 129,
-        "rt_tgsigqueueinfo": 297, "fallocate": 285,
+        "rt_tgsigqueueinfo": 297, "fallocate": 285, "prctl": 157,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "vhangup": 58, "pivot_root": 41,
@@ -70,7 +71,7 @@ _ARCHES = {
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
         "setxattrat": 463, "removexattrat": 466,
         "ioctl": 29, "fcntl": 25, "umask": 166, "mkdirat": 34, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-        "fallocate": 47,
+        "fallocate": 47, "prctl": 167,
     }),
 }
 DENIED = (
@@ -96,6 +97,7 @@ SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffi
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 CLONE_THREAD = 0x00010000
+PR_SET_CHILD_SUBREAPER = 36
 CLONE_PARENT = 0x00008000  # a child of the zygote, not of the test: it would escape the test's reaping and CPU
 CLONE_NEW_ANY = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x04000000 | 0x08000000 | 0x02000000 | 0x80
 _RET_ALLOW = 0x7FFF0000
@@ -137,6 +139,7 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pids=(
         prog.append(("jeq", nrs["mknod"], "mknod"))
     prog.append(("jeq", nrs["mknodat"], "mknodat"))
     prog.append(("jeq", nrs["fallocate"], "fallocate"))
+    prog.append(("jeq", nrs["prctl"], "prctl"))
     for name in ("fork", "vfork"):
         if name in nrs and no_process_creation:
             prog.append(("jeq", nrs[name], "eagain"))
@@ -167,6 +170,10 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pids=(
                      ("jeq", S_IFBLK, "eperm"), ("ret", _RET_ALLOW)]
     # fallocate's plain mode (0) only: the file-size limit bounds it; KEEP_SIZE would allocate past it unchecked
     prog += [("label", "fallocate"), ("ld", 24), ("jeq", 0, "allow"), ("ret", _RET_ERRNO | errno.EOPNOTSUPP)]
+    # prctl(PR_SET_CHILD_SUBREAPER, 0): a test process may not give up being its orphans' reaper (they would go to
+    # the zygote, outside the test's accounting); setting it stays allowed
+    prog += [("label", "prctl"), ("ld", 16), ("jne", PR_SET_CHILD_SUBREAPER, "allow"), ("ld", 24),
+             ("jeq", 0, "eperm"), ("ret", _RET_ALLOW)]
     prog += [("label", "clone"), ("ld", 16), ("jset", CLONE_NEW_ANY | CLONE_PARENT, "eperm")]
     if no_process_creation:
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]

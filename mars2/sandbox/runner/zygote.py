@@ -54,7 +54,7 @@ from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe
 from .lcb_parity import lcb_child, load_harness
 from .mounts import MountHelper, enter_private_mount_namespace, expose_to_others
 from .libc import libc as _libc
-from .procs import hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
+from .procs import children_of, hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
 from .seccomp import SeccompFilter, seccomp_program
 from .wire import FRAME, encode_frame, read_frame, write_frame
@@ -548,6 +548,8 @@ class Zygote:
             return self._quota_verdict(reply, limits), b""
         _, header, out = answer
         cpu = max(0.0, proc_cpu(session["pid"]) - cpu_before)
+        if self._strays(session):  # orphans that reached us, not the test process: they used this test's time
+            header = {**header, "dirty": True}
         if header.get("dirty"):  # it left threads or processes: they go now, and the CPU they used is this test's
             quota = self.meter.exceeded(session["work"], session["pid"], limits)
             self._close_session(session)
@@ -576,6 +578,12 @@ class Zygote:
             self._close_session(session)
             program["session"] = None
         return reply, out
+
+    def _strays(self, session):
+        """Our children other than the session's test process and the mount helper: a test's processes that were
+        orphaned to us (the test process is its orphans' reaper, and may not stop being one: seccomp)."""
+        keep = {session["pid"]} | ({self.mounter.pid} if self.mounter is not None else set())
+        return children_of(os.getpid()) - keep
 
     def _open_session(self, program, child_fn):
         """Fork the confined process that runs this program's tests one after the other (fd 3: test
