@@ -16,3 +16,20 @@ def sandbox_pool(level: str) -> SandboxPool:
     p = SandboxPool(1, "process")
     p.probe.update(process_dedicated_uid=False, private_mounts=False)
     return p
+
+
+def rank_sum_p(higher: list[float], lower: list[float]) -> float:
+    """The exact one-sided p-value of the rank-sum (Mann-Whitney) test that ``higher``'s values tend to exceed
+    ``lower``'s: the share of the ways to split the pooled values into groups of these sizes whose first group's
+    rank sum (mid-ranks for ties) is at least the observed one."""
+    from itertools import combinations
+
+    pooled = sorted(higher + lower)
+    rank = {}
+    for v in set(pooled):
+        first = pooled.index(v)
+        rank[v] = first + (pooled.count(v) + 1) / 2
+    ranks = [rank[v] for v in higher + lower]
+    observed = sum(ranks[: len(higher)])
+    sums = [sum(c) for c in combinations(ranks, len(higher))]
+    return sum(s >= observed - 1e-9 for s in sums) / len(sums)

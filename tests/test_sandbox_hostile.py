@@ -32,7 +32,7 @@ from mars2.sandbox import isolation
 from mars2.sandbox.pool import Limits
 
 from pids import descendants
-from sandboxes import LEVELS, sandbox_pool
+from sandboxes import LEVELS, rank_sum_p, sandbox_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -787,15 +787,15 @@ def test_when_the_next_program_starts_does_not_depend_on_how_long_the_last_was_j
     """A program's wrong output can take far longer to judge than a right one (Decimal parsing of every token): the
     slot goes to the next program once the last one's runs are in, before they are judged, so a later copy cannot
     read the earlier one's verdict from when it starts (a learner did, 32 of 32 copies)."""
-    import mars2.sandbox.grader as grader
+    from mars2.sandbox.pool import Judge
 
-    real_judge = grader._judge
+    real_judge = Judge.judge
 
-    def slow_judge(*args):
+    def slow_judge(self, *args):
         time.sleep(1.0)
-        return real_judge(*args)
+        return real_judge(self, *args)
 
-    monkeypatch.setattr(grader, "_judge", slow_judge)
+    monkeypatch.setattr(Judge, "judge", slow_judge)
     code = "import time\nprint(repr(time.time()))\n"
     pool = SandboxPool(1, "bwrap" if _level_available("bwrap") else "process")
     try:
@@ -1088,3 +1088,52 @@ def _slot_scratch_entries(pool: SandboxPool) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+def test_the_rank_sum_test_rejects_a_true_null_at_its_nominal_rate():
+    """The test the timing check below relies on: on draws with no difference it rejects at most about as often as
+    its level says (1%, 4000 simulated 6-vs-6 samples), and it does reject a clear difference."""
+    import random
+
+    rng = random.Random(7)
+    rejected = sum(rank_sum_p([rng.gauss(0, 1) for _ in range(6)], [rng.gauss(0, 1) for _ in range(6)]) <= 0.01
+                   for _ in range(4000))
+    assert rejected / 4000 <= 0.016, rejected  # exact level 0.0108 (10 of 924 splits); binomial sd 0.0016
+    assert rank_sum_p([5.0, 6, 7, 8, 9, 10], [0.0, 1, 2, 3, 4, 4.5]) < 0.01
+
+
+VERDICT_TIMER = """
+    import heapq, sys, time
+    log = heapq.__dict__.setdefault("_mars2_log", [])   # a module's state outlives the test
+    log.append(time.perf_counter())
+    words = sys.stdin.read().split()
+    if words[0] == "big":                              # the hidden test: a line of numbers, right or one off
+        print(" ".join(str(i + {off}) for i in range(int(words[1]))))
+    elif words[0] == "last":                           # the largest gap between the starts of the echo tests
+        print(max(b - a for a, b in zip(log[1:-1], log[2:])))
+    else:
+        print(words[0])
+    """
+
+
+def test_a_program_cannot_time_how_its_answer_is_judged():
+    """A wrong line of 200,000 numbers takes ~300 ms to judge (every token a Decimal), a right one a string compare.
+    Judged in the grader's process, that work held the interpreter lock the thread feeding the program its next test
+    needed: after a wrong answer the gaps between the program's next tests grew to 5-11 ms (2.6 ms at most after a
+    right one), and a learner read its verdict 11 times in 12. Judged in a niced judge process, the largest gap after
+    a wrong answer is no larger than after a right one: an exact one-sided rank-sum test over 6 programs of each
+    kind, interleaved, does not reject at the 1% level (a true null fails this test 1% of the time)."""
+    n = 200_000
+    tests = (Case(f"big {n}\n", " ".join(str(i) for i in range(n))),
+             *(Case(f"e{i}\n", f"e{i}") for i in range(8)), Case("last\n", "-"))
+    jobs = [GradeJob(textwrap.dedent(VERDICT_TIMER.format(off=off)), tests) for _ in range(6) for off in (0, 1)]
+    pool = SandboxPool(1, "bwrap" if _level_available("bwrap") else "process")
+    try:
+        verdicts = grade_many(jobs, pool=pool, grading=GradingConfig(stop_at_visible_failure=True))
+    finally:
+        pool.close()
+    gaps = {0: [], 1: []}
+    for job, verdict in zip(jobs, verdicts):
+        assert verdict.tests[0].status == ("WA" if "+ 1" in job.code else "AC"), verdict.tests[0]
+        gaps["+ 1" in job.code].append(float(verdict.tests[-1].detail.split("got: '")[1].split("\\n")[0]))
+    assert rank_sum_p(gaps[1], gaps[0]) > 0.01, gaps

@@ -44,20 +44,9 @@ from typing import Any
 
 from mars2.config import PARITIES, GradingConfig
 from mars2.data.schema import TestCase
-from mars2.sandbox.compare import (
-    MalformedValue,
-    decode_value,
-    show_value,
-    stdout_matches,
-    truncate,
-    value_matches,
-    value_too_large,
-)
 from mars2.sandbox.pool import Limits, SandboxError, SandboxPool, TestRun, shared_pool
-from mars2.sandbox.verdict import AC, CE, MLE, NO_CODE, NO_TESTS, RE, TLE, WA, TestVerdict, Verdict
+from mars2.sandbox.verdict import AC, CE, NO_CODE, NO_TESTS, RE, TestVerdict, Verdict
 
-ERROR_TAIL_LINES = 10
-ERROR_TAIL_CHARS = 1000
 MAX_PROGRAM_BYTES = 1 << 20
 
 
@@ -130,44 +119,6 @@ def validate_job(job: GradeJob, parity: str = "script") -> None:
         raise TestDataError("a program's tests mix stdin and functional test types")
 
 
-def _tail(text: str) -> str:
-    lines = text.strip().splitlines()[-ERROR_TAIL_LINES:]
-    joined = "\n".join(lines)
-    return joined if len(joined) <= ERROR_TAIL_CHARS else "..." + joined[-ERROR_TAIL_CHARS:]
-
-
-def _judge(run: TestRun, test: TestCase, prepared: _Prepared, limits: Limits) -> tuple[str, str]:
-    """``(status, detail)`` of one test run; detail is ``""`` on AC."""
-    shown_input = f"input: {truncate(test.input)!r}"
-    shown_expected = f"expected: {truncate(test.output)!r}"
-    if run.status == "ok":
-        if prepared.mode == "stdin":
-            got = run.output.decode("utf-8", errors="replace")
-            ok, reason = stdout_matches(got, prepared.expected)
-            if ok:
-                return AC, ""
-            return WA, f"wrong answer ({reason})\n{shown_input}\n{shown_expected}\ngot: {truncate(got)!r}"
-        if value_too_large(run.output, test.output):
-            return WA, (f"wrong answer (a return value of {len(run.output)} bytes as typed JSON, far larger than the "
-                        f"expected one)\n{shown_input}\n{shown_expected}")
-        try:
-            value = decode_value(run.output)
-        except MalformedValue as e:
-            return WA, f"wrong answer (unreadable return value: {e})\n{shown_input}\n{shown_expected}"
-        if value_matches(value, prepared.expected):
-            return AC, ""
-        return WA, f"wrong answer\n{shown_input}\n{shown_expected}\ngot: {show_value(value)!r}"
-    if run.status == "TLE":
-        return TLE, f"time limit exceeded ({run.error})\n{shown_input}"
-    if run.status == "CE":
-        return CE, f"compile error\n{_tail(run.error)}"
-    if run.status == "MLE":
-        return MLE, f"memory limit exceeded ({limits.memory_mb} MiB)\n{shown_input}\n{_tail(run.error)}"
-    if run.status in ("OLE", "QUOTA"):
-        return RE, f"runtime error: {run.error}\n{shown_input}"
-    return RE, f"runtime error\n{shown_input}\n{_tail(run.error)}"
-
-
 def _lcb_blank_line_error(tests: Sequence[TestCase]) -> str | None:
     for i, test in enumerate(tests, start=1):
         if test.testtype == "functional" and any(not line.strip() for line in test.input.split("\n")):
@@ -221,17 +172,24 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
     limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)
     pool = pool or shared_pool(None, grading.isolation)
     outcomes: list[TestVerdict] = []
+    judge = pool.acquire_judge()  # the comparisons run in a judge process, not in this one (mars2.sandbox.judging)
 
     def on_result(index: int, run: TestRun) -> None:
         if index == 0:  # a retried program starts again from its first test
             outcomes.clear()
-        status, detail = _judge(run, tests[index], prepared[index], limits)
+        status, detail = judge.judge(index, run)
         outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
 
     def stop_after(run: TestRun) -> bool:  # the raw run only: the judgment must not decide what comes next
         return run.status == "CE" or (grading.stop_at_visible_failure and run.status != "ok")
 
-    slot = pool.acquire()
+    try:  # what the program is judged against goes to the judge before the program runs
+        judge.load([{"input": t.input, "output": t.output, "mode": p.mode} for t, p in zip(tests, prepared)],
+                   limits.memory_mb)
+        slot = pool.acquire()
+    except BaseException:
+        pool.release_judge(judge)
+        raise
     released = threading.Lock()
 
     def release() -> None:  # once: when the program has ended (the pacer), else when this call ends
@@ -246,6 +204,7 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
         return Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}")
     finally:
         release()
+        pool.release_judge(judge)
     return _verdict(outcomes, total, time.monotonic() - start)
 
 

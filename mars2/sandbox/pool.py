@@ -15,6 +15,7 @@ into an ``RE`` verdict: one program never takes a batch down.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -30,13 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mars2.cpu import usable_cpus
-from mars2.procs import exit_code, wait_exit
+from mars2.procs import exit_code, kill_group, wait_exit
 from mars2.sandbox import isolation
-from mars2.sandbox.runner.wire import encode_frame, take_frame
+from mars2.sandbox.runner.wire import encode_frame, read_frame, take_frame
 
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+JUDGE_PATH = os.path.join(isolation.SANDBOX_DIR, "_judge.py")
 START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
 HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory (beyond: spooled to disk)
@@ -532,6 +534,73 @@ class _Held:
                 item[1].output.close()
 
 
+class Judge:
+    """A judge process (``_judge.py``, :mod:`mars2.sandbox.judging`): the grader's comparisons run there, niced to the
+    lowest priority, not in the grader's own process, whose threads feed programs their tests (why: the module
+    docstring of :mod:`mars2.sandbox.judging`). One program at a time: :meth:`load` its tests, then :meth:`judge`
+    each run; a judge process that died is started again once per call."""
+
+    NICE = 19
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.loaded: bytes = b""
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen([isolation.python_executable(), "-I", "-S", "-B", "-X", "utf8", JUDGE_PATH],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env={"PATH": os.defpath}, start_new_session=True, bufsize=0)
+        try:
+            os.setpriority(os.PRIO_PROCESS, self.proc.pid, self.NICE)
+        except OSError:
+            pass
+
+    def _send(self, header: dict[str, Any], payload: bytes) -> None:
+        if self.proc is None or exit_code(self.proc) is not None:
+            self.close()
+            self._start()
+            if header["op"] != "load" and self.loaded:
+                self._write({"op": "load"}, self.loaded)
+        self._write(header, payload)
+
+    def _write(self, header: dict[str, Any], payload: bytes) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(encode_frame(header, payload))
+
+    def load(self, tests: list[dict[str, str]], memory_mb: int) -> None:
+        """The next program's tests (``{"input", "output", "mode"}``) and memory allowance; sent before it runs."""
+        self.loaded = json.dumps({"tests": tests, "memory_mb": memory_mb}).encode()
+        try:
+            self._send({"op": "load"}, self.loaded)
+        except OSError:
+            self.close()  # started again with these tests at the first judgment
+
+    def judge(self, index: int, run: TestRun) -> tuple[str, str]:
+        """``(status, detail)`` of ``run``, the program's run of its test ``index``."""
+        header = {"op": "judge", "index": index, "status": run.status, "error": run.error}
+        for attempt in range(2):
+            try:
+                self._send(header, run.output)
+                assert self.proc is not None and self.proc.stdout is not None
+                reply, _ = read_frame(self.proc.stdout.fileno())
+                break
+            except (OSError, EOFError, ValueError) as e:
+                self.close()
+                if attempt:
+                    raise SandboxError(f"the judge process failed twice: {type(e).__name__}: {e}") from None
+        if "error" in reply:
+            raise RuntimeError(f"judging test {index + 1} failed: {reply['error']}")
+        return reply["status"], reply["detail"]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            kill_group(self.proc)
+            self.proc = None
+
+
 class SandboxPool:
     """``workers`` slots (default: one per CPU core available to this process) at one isolation level.
 
@@ -564,6 +633,9 @@ class SandboxPool:
         for slot in self.slots:
             self._free.put(slot)
         self._closed = False
+        self._judges: queue.LifoQueue[Judge] = queue.LifoQueue()
+        self._all_judges: list[Judge] = []
+        self._judges_lock = threading.Lock()
         atexit.register(self.close)
 
     def params(self) -> dict[str, str]:
@@ -582,6 +654,20 @@ class SandboxPool:
     def release(self, slot: Slot) -> None:
         self._free.put(slot)
 
+    def acquire_judge(self) -> Judge:
+        """A judge process for one program (a new one when every judge is in use: at most two per slot, one judging
+        a program's last runs while the slot already runs the next, see :func:`mars2.sandbox.grade_many`)."""
+        try:
+            return self._judges.get_nowait()
+        except queue.Empty:
+            judge = Judge()
+            with self._judges_lock:
+                self._all_judges.append(judge)
+            return judge
+
+    def release_judge(self, judge: Judge) -> None:
+        self._judges.put(judge)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -590,6 +676,9 @@ class SandboxPool:
             slot.close()
             if slot.cgroup is not None:
                 slot.cgroup.remove()
+        with self._judges_lock:
+            for judge in self._all_judges:
+                judge.close()
 
 
 def _sandbox_init(info_fd: int, timeout: float) -> int:
