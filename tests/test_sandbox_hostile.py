@@ -1137,3 +1137,49 @@ def test_a_program_cannot_time_how_its_answer_is_judged():
         assert verdict.tests[0].status == ("WA" if "+ 1" in job.code else "AC"), verdict.tests[0]
         gaps["+ 1" in job.code].append(float(verdict.tests[-1].detail.split("got: '")[1].split("\\n")[0]))
     assert rank_sum_p(gaps[1], gaps[0]) > 0.01, gaps
+
+
+def test_no_program_can_watch_files_come_and_go():
+    """An inotify watch on the host's /tmp (the process level: Landlock does not cover inotify) saw another user's
+    files appear and vanish while the program ran; no watch can be set at any level."""
+    code = """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)
+        print("refused" if libc.inotify_add_watch(fd, b"/tmp", 0x300) < 0 else "watching")
+        """
+    for level in LEVELS:
+        if not _level_available(level):
+            continue
+        pool = sandbox_pool(level)
+        try:
+            [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "refused"),))], pool=pool)
+        finally:
+            pool.close()
+        assert verdict.all_passed, (level, verdict.detail)
+
+
+def test_host_processes_are_not_found_by_stat_at_the_process_level():
+    """Landlock does not cover stat: at the process level a program listed every host pid and read a process's open
+    file and thread counts from /proc/<pid>'s metadata. A root grader's zygote mounts a /proc of its own with
+    hidepid=invisible: the grader's own pid is not found there (bubblewrap: a pid namespace and hidepid)."""
+    code = """
+        import os
+        try:
+            os.stat(f"/proc/{int(input())}/fd")
+            print("found")
+        except OSError:
+            print("hidden")
+        """
+    for level in ("bwrap", "process"):
+        if not _level_available(level):
+            continue
+        pool = sandbox_pool(level)
+        try:
+            if level == "process" and not pool.probe["process_dedicated_uid"]:
+                continue  # tests of the grader's own uid: the known gap of docs/sandbox.md
+            [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case(f"{os.getpid()}\n", "hidden"),))],
+                                   pool=pool)
+        finally:
+            pool.close()
+        assert verdict.all_passed, (level, verdict.detail)

@@ -3,8 +3,8 @@
 Programs run in long-lived, isolated worker slots (one per core): a warmed interpreter ("zygote")
 inside a bubblewrap sandbox (pid/net/mount namespaces, read-only filesystem, a dedicated
 unprivileged uid per slot, seccomp, rlimits, optional cgroups) forks a confined test process per
-program (optionally per test), which runs each test from a clean state; the grader compares the raw
-outputs with the expected ones in its own process and returns a :class:`Verdict`.
+program (optionally per test), which runs each test from a clean state; the grader's judge processes compare the
+raw outputs with the expected ones and it returns a :class:`Verdict`.
 Where bubblewrap cannot run, a weaker ``process`` level is used (and reported).
 
 Public API: :func:`grade_program` (one program) and :func:`grade_many` (many, concurrently), both set by a

@@ -2,8 +2,9 @@
 
 Programs run in sandboxed worker slots (:mod:`mars2.sandbox.pool`); the sandbox gets only the
 program and the test inputs, and hands back raw stdout (stdin tests) or the typed return value
-(functional tests). The comparison with the expected output (:mod:`mars2.sandbox.compare`) happens
-here, in the grader's process, ignoring exit codes and requiring one result per test run. Tests run
+(functional tests). The comparison with the expected output (:mod:`mars2.sandbox.compare`) happens in a judge
+process of the grader's (:mod:`mars2.sandbox.judging`: not in this process, whose threads feed programs their tests),
+ignoring exit codes and requiring one result per test run. Tests run
 in order; by default grading stops at the first test the program *visibly* failed (a crash, a timeout, a memory,
 output or disk limit), never at a wrong answer: whether the next test comes, and when, must not tell a program that
 its output was wrong (it could carry that to the next sample of the problem). The verdict is the first failure's,

@@ -19,7 +19,7 @@ from .files import rmtree
 from .procs import scramble_next_pid
 from .wire import read_frame, write_frame
 
-_MS_NOSUID, _MS_NODEV = 2, 4
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MS_BIND = 4096
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 _MNT_DETACH = 2
@@ -44,6 +44,16 @@ def _traversable(path):
         if not os.stat(folder).st_mode & stat.S_IXOTH:
             return folder, parts[i]
     return None
+
+
+def mount_own_proc():
+    """A ``/proc`` of this mount namespace's own, ``hidepid=invisible``: a test process (a dedicated uid) sees only
+    its own processes there, not the host's (their pids, open files and threads, which a ``stat`` reads whatever
+    Landlock says). Needs CAP_SYS_ADMIN; raises OSError where refused (a container that masks parts of /proc)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"hidepid=invisible") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"a /proc of our own: {os.strerror(err)}")
 
 
 def expose_to_others(paths):

@@ -52,7 +52,7 @@ from .confine import EXIT_SETUP_FAILED, confine_test_process, drop_capability
 from .errors import PROGRAM_NAME, STDERR_TAIL, format_error, join_text, parse_record, signal_verdict
 from .files import ScratchMeter, quota_error, read_head, read_tail, rmtree, wipe, write_all
 from .lcb_parity import lcb_child, load_harness
-from .mounts import MountHelper, enter_private_mount_namespace, expose_to_others
+from .mounts import MountHelper, enter_private_mount_namespace, expose_to_others, mount_own_proc
 from .libc import libc as _libc
 from .procs import children_of, hide_other_processes, ns_pids, proc_cpu, reap_children, vm_size, wait_exit
 from .script_parity import PREAMBLE, run_script_child, script_session_child
@@ -104,6 +104,11 @@ class Zygote:
             # the process level with a root grader: the same tmpfs per program, in a mount namespace of our own
             enter_private_mount_namespace()
             expose_to_others(cfg.get("expose", []))
+            if self.uid is not None:  # tests of a uid of their own see their own processes only
+                try:
+                    mount_own_proc()
+                except OSError as e:
+                    sys.stderr.write(f"zygote: host processes stay visible to tests by stat: {e}\n")
             self.mounter = MountHelper(scramble_pid=False)
             drop_capability(_CAP_SYS_ADMIN)
         self.mounted = None  # (work, folder) of the program whose tmpfs is mounted
