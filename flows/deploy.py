@@ -42,7 +42,7 @@ from prefect import flow, get_run_logger
 from prefect.deployments.runner import EntrypointType
 
 from mars2.config import ConfigError
-from pipeline.config import load_cfg
+from pipeline.config import VARY_TAG, load_cfg, override_key
 from pipeline.dispatch import stage_flow
 from flows.train_cycle import train_cycle
 
@@ -66,18 +66,26 @@ def expand_grid(overrides: Sequence[str]) -> list[list[str]]:
     return batch
 
 
+def varied_keys(points: Sequence[Sequence[str]]) -> list[str]:
+    """The keys whose override differs between the points of a sweep (present in some points only included)."""
+    keys = {override_key(o) for point in points for o in point}
+    return sorted(k for k in keys if len({next((o for o in p if override_key(o) == k), None) for p in points}) > 1)
+
+
 def submit_grid(grid: Sequence[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", *,
                 as_subflow: bool = False) -> list:
     """Compose every point of ``grid`` (a bad override fails before anything is submitted), then start one flow run
-    of ``deployment`` per point without waiting. Returns the flow runs; they share the tag ``sweep-<id>``."""
+    of ``deployment`` per point without waiting. Returns the flow runs; they share the tag ``sweep-<id>``, and
+    ``vary:<key>`` for each key the grid varies (each point's run is named after those overrides)."""
     from prefect.deployments import run_deployment
 
     points = expand_grid(grid)
     for point in points:
         load_cfg(point)  # keys, option names, types; machine checks (models, GPUs) run on the worker
     sweep_id = hashlib.sha256(json.dumps([points, time.time()]).encode()).hexdigest()[:8]
+    varied = varied_keys(points)
     return [run_deployment(deployment, parameters={"overrides": point}, timeout=0, as_subflow=as_subflow,
-                           tags=["mars2", f"sweep-{sweep_id}"]) for point in points]
+                           tags=["mars2", f"sweep-{sweep_id}", *(VARY_TAG + k for k in varied)]) for point in points]
 
 
 @flow(name="sweep")
@@ -99,7 +107,7 @@ def sweep(grid: list[str], deployment: str = f"train-cycle/{DEFAULT_POOL}", wait
         return rows
     states = wait_for(runs, math.inf if timeout_s is None else timeout_s)
     for row in rows:
-        row["state"] = states[row["id"]]
+        row["state"], row["flow_run"] = states[row["id"]]
     if any(row["state"] != "Completed" for row in rows):
         raise SweepFailed(failed_points(rows))
     return rows
@@ -123,23 +131,26 @@ def failed_points(rows: Sequence[dict]) -> str:
     return f"{len(failed)} of {len(rows)} sweep points did not complete: " + "; ".join(named)
 
 
-def wait_for(runs: Iterable, timeout_s: float) -> dict[str, str]:
-    """Flow run id → final state name (``TIMEOUT`` for runs still going after ``timeout_s``)."""
+def wait_for(runs: Iterable, timeout_s: float) -> dict[str, tuple[str, str]]:
+    """Flow run id → (final state name, ``TIMEOUT`` for runs still going after ``timeout_s``; the run's name now: a
+    train cycle renames itself after what it varies)."""
     from prefect.client.orchestration import get_client
 
+    names = {str(r.id): r.name for r in runs}
     pending = [r.id for r in runs]
-    states: dict[str, str] = {}
+    states: dict[str, tuple[str, str]] = {}
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while pending and time.monotonic() < deadline:
             for run_id in list(pending):
-                state = client.read_flow_run(run_id).state
-                if state is not None and state.is_final():
-                    states[str(run_id)] = state.name
+                run = client.read_flow_run(run_id)
+                names[str(run_id)] = run.name
+                if run.state is not None and run.state.is_final():
+                    states[str(run_id)] = (run.state.name, run.name)
                     pending.remove(run_id)
             if pending:
                 time.sleep(2)
-    return {**states, **{str(run_id): "TIMEOUT" for run_id in pending}}
+    return {**states, **{str(run_id): ("TIMEOUT", names[str(run_id)]) for run_id in pending}}
 
 
 # ---------------------------------------------------------------- registration
@@ -253,9 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.wait:
         return 0
     states = wait_for(runs, args.timeout)
-    for r in runs:
-        print(f"{r.name}: {states[str(r.id)]}")
-    rows = [{"flow_run": r.name, "overrides": r.parameters["overrides"], "state": states[str(r.id)]} for r in runs]
+    rows = [{"flow_run": states[str(r.id)][1], "overrides": r.parameters["overrides"], "state": states[str(r.id)][0]}
+            for r in runs]
+    for row in rows:
+        print(f"{row['flow_run']}: {row['state']}")
     if any(row["state"] != "Completed" for row in rows):
         print(f"mars2: {failed_points(rows)}", file=sys.stderr)
         return 1

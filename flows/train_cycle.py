@@ -35,7 +35,7 @@ from mars2.sandbox import isolation_params
 from mars2.train.checkpoints import prune_optimizer_states
 from pipeline import tracking
 from pipeline.cli import run_flow_from_cli
-from pipeline.config import CONF_DIR, compose_run, override_label
+from pipeline.config import CONF_DIR, VARY_TAG, compose_run, override_label, run_name
 from pipeline.session import flow_session, team_weights
 from pipeline.dispatch import all_results, check_dispatch
 from pipeline.weights import model_dir
@@ -48,8 +48,9 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
     if deployment.id and "MARS2_HOME" not in os.environ:
         get_run_logger().warning("MARS2_HOME is not set on this worker: the run folder is %s, inside the worker's "
                                  "temporary directory, and caches are lost after the run", Path(cfg.paths.root).resolve())
-    label = override_label(overrides or [])  # the run's name says what it varies; a plain preset's, which run it is
-    name = f"{cfg.agents.preset} {label}" if label else f"{cfg.agents.preset}-{flow_run.name}"
+    label = override_label(overrides or [])  # the run's name says what sets it apart; a plain preset's, which run it is
+    varied = [t.removeprefix(VARY_TAG) for t in flow_run.tags if t.startswith(VARY_TAG)]
+    name = run_name(cfg.agents.preset, overrides or [], varied) or f"{cfg.agents.preset}-{flow_run.name}"
     with flow_session(cfg, kind="train", run_name=name, title="mars2 train cycle", dispatch=True,
                       label=label) as s:  # stages run where conf/orchestration/ places them
         ctx, stage, report, run = s.ctx, s.stage, s.report, s.run

@@ -73,6 +73,13 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
 
         Console(stderr=True).rule(f"job {hydra_cfg.job.num}: {' '.join(varied)}")
         flow = flow.with_options(flow_run_name=" ".join(varied))
+        from prefect import tags
+
+        from pipeline.config import VARY_TAG, override_key
+
+        varying = tags(*(VARY_TAG + override_key(o) for o in varied))  # the run names itself after these
+    else:
+        varying = contextlib.nullcontext()
     try:
         check(overrides)
     except ConfigError as e:
@@ -91,7 +98,7 @@ def run_flow_from_cli(check: Callable[[list[str]], object], flow: Callable[[list
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log_file = None
     try:
-        with _temporary_server(), _run_log(root) as log_file:
+        with _temporary_server(), _run_log(root) as log_file, varying:
             flow(overrides)
     except BaseException as e:
         if _interrupted:  # whatever the signal's unwinding became on its way out of Prefect (a connection error)

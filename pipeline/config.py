@@ -96,12 +96,27 @@ def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str
     return run
 
 
+VARY_TAG = "vary:"  # a flow run's Prefect tag vary:<key>: its sweep (or multirun) varies <key> across its points
+
+
+def override_key(override: str) -> str:
+    """The key an override sets (``train.kl_coef`` of ``+train.kl_coef=0.002``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def run_name(preset: str, overrides: list[str] | tuple[str, ...], varied: list[str] | tuple[str, ...] = ()) -> str:
+    """A run's name: its preset, then what sets it apart: the overrides of the keys its sweep varies (``varied``,
+    from the flow run's ``vary:<key>`` tags), else all of its :func:`override_label`; empty when the preset is run as
+    it is (the caller names the run otherwise)."""
+    label = override_label([o for o in overrides if override_key(o) in varied] if varied else overrides)
+    return f"{preset} {label}" if label else ""
+
+
 def override_label(overrides: list[str] | tuple[str, ...]) -> str:
     """What makes a run differ from its preset, in a stable short form: its Hydra overrides but the preset's own
     (``agents=...``, which the run's name says first) and Hydra's settings (``hydra.*``), in the order given, joined
     by spaces: ``train.kl_coef=0.002 train.seed=1``; empty for the preset as it is."""
-    return " ".join(o for o in overrides
-                    if o.split("=", 1)[0].lstrip("+~") not in ("agents",) and not o.lstrip("+~").startswith("hydra."))
+    return " ".join(o for o in overrides if override_key(o) != "agents" and not override_key(o).startswith("hydra."))
 
 
 def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:

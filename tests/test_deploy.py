@@ -127,6 +127,18 @@ def test_a_runs_label_is_its_overrides_but_the_preset_in_the_order_given():
         "train.kl_coef=0.002 +paths.tags.arm=grpo agents.members.0.model=tiny"
 
 
+def test_a_sweep_point_is_named_by_what_the_sweep_varies():
+    from flows.deploy import expand_grid, varied_keys
+    from pipeline.config import run_name
+
+    points = expand_grid(["agents=tiny_cpu", "data=toy", "train.seed=0,2", "train.kl_coef=0.001"])
+    assert varied_keys(points) == ["train.seed"]
+    assert [run_name("tiny_cpu", p, varied_keys(points)) for p in points] == \
+        ["tiny_cpu train.seed=0", "tiny_cpu train.seed=2"]
+    assert run_name("tiny_cpu", points[0]) == "tiny_cpu data=toy train.seed=0 train.kl_coef=0.001"
+    assert run_name("tiny_cpu", ["agents=tiny_cpu"]) == ""
+
+
 def test_sweep_grid_is_hydras_multirun_grid():
     from flows.deploy import expand_grid
 
@@ -625,7 +637,10 @@ def test_each_sweep_point_is_a_run_named_by_its_overrides_under_one_mlflow_filte
         overrides = dict(db.execute("select run_uuid, value from tags where key = 'mars2.overrides'").fetchall())
     assert len(names) == 2, names
     label = " ".join(o for o in base if not o.startswith("agents="))
-    assert sorted(names.values()) == sorted([f"tiny_cpu {label}", f"tiny_cpu {label} train.seed=2"]), names
+    # the command-line run is named by all its overrides, a sweep's point by what the sweep varies
+    assert sorted(names.values()) == sorted([f"tiny_cpu {label}", "tiny_cpu train.seed=2"]), names
     assert sorted(overrides[r] for r in names) == sorted([label, f"{label} train.seed=2"])
     points = {r["id"]: r["name"] for r in _flow_runs(stack, "train-cycle") if r["id"] in ids}
-    assert sorted(points.values()) == sorted(f"tiny_cpu {label} train.seed={s}" for s in (0, 2)), points
+    assert sorted(points.values()) == ["tiny_cpu train.seed=0", "tiny_cpu train.seed=2"], points
+    assert sorted(line.split(":")[0] for line in out.stdout.splitlines() if line.endswith(": Completed")) == \
+        ["tiny_cpu train.seed=0", "tiny_cpu train.seed=2"], out.stdout  # the final lines use the new names

@@ -172,7 +172,7 @@ def plot_curves(history: pd.DataFrame, path: str | Path, *, title: str = "held-o
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("cycle")
     ax.set_ylabel("pass rate")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.03, 1.03)  # markers at 0 and 1 drawn whole
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
