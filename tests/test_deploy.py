@@ -554,6 +554,10 @@ def test_default_flow_runs_from_its_deployment_submitted_by_the_sweep_deployment
     assert f"1 of 2 sweep points did not complete: {bad['name']} [agents.members.0.model={missing}] Failed" \
         in sweep["message"], sweep["message"]
     assert run["parameters"] == {"overrides": [*SMALL, "agents.members.0.model=tiny"]}
+    r = httpx.post(f"{stack['api']}/logs/filter", json={"logs": {"flow_run_id": {"any_": [sweep["id"]]}}}, timeout=10)
+    listed = [log["message"] for log in r.json() if log["message"].startswith("point ")]  # the sweep's log lists them
+    assert len(listed) == 2 and all(any(f"({child['id']}): {' '.join(child['parameters']['overrides'])}" in line
+                                        for line in listed) for child in runs), listed
     assert run["work_pool_name"] == "cpu"
     table = _stage_table(stack, run["id"])
     assert set(table.index) == {"data", "agents", "rollout", "grading", "advantage", "update/qwen_tiny",

@@ -236,6 +236,11 @@ def test_the_prefect_run_shows_the_summary_and_links_to_the_mlflow_run(runs):
     artifacts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}},
                            timeout=10).json()
     (summary,) = [a["data"] for a in artifacts if a["data"].startswith("# mars2 train cycle: FINISHED")]
+    # the summary and its artefact say what the run is: its preset and the overrides that set it apart
+    label = tags["mars2.overrides"]
+    assert label != "(none)" and f"tiny_cpu, overrides: {label}" in summary
+    (described,) = [a["description"] for a in artifacts if a["data"] == summary]
+    assert f"overrides: {label}" in described and tags["mlflow.note.content"].startswith(f"overrides: {label}. ")
     (link,) = [a["data"] for a in artifacts if a["data"].startswith(f"[MLflow run {run_id}](")]  # Prefect's markdown
     url = link.split("](")[1].removesuffix(")")
     assert url.endswith(f"/runs/{run_id}?workflowType=machine_learning") and len(artifacts) == 2
