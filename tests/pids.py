@@ -43,23 +43,9 @@ class Known:
                 (os.killpg if group else os.kill)(self.pid, sig)
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (a zombie leader, still holding the group's id, excluded)."""
-    members = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
-    return members
-
-
-def descendants(pid: int) -> list[int]:
-    """The live descendants of ``pid`` (children, their children, ...)."""
-    children: dict[int, list[int]] = {}
+def _live_processes() -> dict[int, list[str]]:
+    """pid → the fields of ``/proc/<pid>/stat`` after the command name (state, ppid, pgid, ...), zombies left out."""
+    live = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
@@ -67,7 +53,20 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
         if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+            live[int(entry)] = fields
+    return live
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a zombie leader, still holding the group's id, excluded)."""
+    return [pid for pid, fields in _live_processes().items() if int(fields[2]) == pgid]
+
+
+def descendants(pid: int) -> list[int]:
+    """The live descendants of ``pid`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for child, fields in _live_processes().items():
+        children.setdefault(int(fields[1]), []).append(child)
     found, stack = [], list(children.get(pid, []))
     while stack:
         child = stack.pop()
