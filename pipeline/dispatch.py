@@ -91,6 +91,15 @@ def owner_pools(orchestration: OrchestrationConfig, owners: list[AgentConfig]) -
     return {m.name: orchestration.node_pools[m.node or 0] for m in owners}
 
 
+def concurrent_update_ranks(orchestration: OrchestrationConfig, owners: list[AgentConfig]) -> dict[str, int]:
+    """Weight owner → the ranks of the cycle's updates on its node (``StageContext.node_update_ranks``): in pools mode
+    the updates are submitted together (:func:`all_results`), so owners on one node share its cores; empty in local
+    mode, where they run one after another."""
+    if orchestration.mode != "pools":
+        return {}
+    return {m.name: sum(o.processes for o in owners if (o.node or 0) == (m.node or 0)) for m in owners}
+
+
 def task_run_name(task, arguments: dict[str, Any]) -> str:
     """The name a stage's task run gets for these arguments (``rollout-c0``)."""
     return (task.task_run_name or task.name).format(**arguments)

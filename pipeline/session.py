@@ -23,7 +23,7 @@ from pipeline.engines import engine_pool
 from pipeline.report import RunReport
 from pipeline.runtime import use_cpu_budget
 from pipeline.stage import StageContext, StageRecord
-from pipeline.dispatch import owner_pools, placed_stages
+from pipeline.dispatch import concurrent_update_ranks, owner_pools, placed_stages
 
 
 @dataclass
@@ -54,7 +54,9 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
     MLflow run ``mars2.sweep=<id>``, or the earlier run it reuses when every stage comes from cache."""
     ctx = StageContext(root=str(Path(cfg.paths.root).resolve()), flow_run_id=str(flow_run.id),
                        fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus,
-                       engine_pools=owner_pools(cfg.orchestration, cfg.agents.owners) if dispatch else {})
+                       engine_pools=owner_pools(cfg.orchestration, cfg.agents.owners) if dispatch else {},
+                       node_update_ranks=concurrent_update_ranks(cfg.orchestration, cfg.agents.owners)
+                       if dispatch else {})
     use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     sweep = [t.removeprefix("sweep-") for t in flow_run.tags if t.startswith("sweep-")]

@@ -61,6 +61,9 @@ class StageContext:
     # weight owner -> the work pool of the node its engines and update run on (orchestration.node_pools); empty: the
     # run's engines all run on the node of the stage that generates
     engine_pools: dict[str, str] = field(default_factory=dict)
+    # weight owner -> the ranks of every update that runs at the same time on its node, its own included (pools mode:
+    # a cycle's updates run at once); empty: an update has its node's cores to itself (local mode: one at a time)
+    node_update_ranks: dict[str, int] = field(default_factory=dict)
     # the run's generation engines on this machine (a pipeline.engines.EnginePool, opened by the flow or the stage flow
     # run; it never leaves the process); None: every backend is loaded fresh
     engines: Any = field(default=None, compare=False, repr=False)

@@ -85,24 +85,17 @@ def policy_step(ctx: StageContext, member: AgentConfig, out: Path, label: str, a
         check_processes(member)
         metrics = launch_update(member.processes, out / "job", out_dir=str(out),
                                 cuda_visible_devices=update_devices(member),
-                                threads_per_rank=ctx.cpu_shares(update_ranks=node_ranks(member)).update_rank, **args)
+                                threads_per_rank=ctx.cpu_shares(update_ranks=node_ranks(ctx, member)).update_rank, **args)
         shutil.rmtree(out / "job")
         return metrics
     with stage_progress(label, "samples", every_s=ctx.progress_every_s) as advance:
         return update_agent(out_dir=out, progress=advance, **args)
 
 
-def node_ranks(member: AgentConfig, visible_gpus: int | None = None) -> int:
-    """The ranks this worker's cores are shared among: one per GPU it sees when the update's ranks sit on GPUs (the
-    other agents' updates of the cycle run at once on the node's other GPUs, so each rank gets its GPU's share of the
-    cores, not half the node's), else the update's own ranks."""
-    if member.device.startswith("cuda"):
-        if visible_gpus is None:
-            import torch
-
-            visible_gpus = torch.cuda.device_count()
-        return max(member.processes, visible_gpus)
-    return member.processes
+def node_ranks(ctx: StageContext, member: AgentConfig) -> int:
+    """The ranks this worker's cores are shared among: those of every update running on the node at the same time
+    (pools mode: a cycle's updates run at once, ``ctx.node_update_ranks``), else the update's own."""
+    return max(member.processes, ctx.node_update_ranks.get(member.name, 0))
 
 
 def update_devices(member: AgentConfig) -> str | None:

@@ -135,7 +135,7 @@ def mount_targets(service: dict) -> dict[str, str]:
         if isinstance(v, dict):
             out[v["target"]] = v.get("source")
         else:
-            parts = v.split(":")
+            parts = default_of(v).split(":")  # ${VAR:-./dir}:/dir as Compose reads it with VAR unset
             out[parts[1]] = parts[0]
     return out
 

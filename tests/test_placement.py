@@ -216,13 +216,22 @@ def test_a_failed_update_waits_for_the_other_agents_before_its_error_is_raised()
         assert all_results({"b": futures["b"]}) == {"b": "b's record"}
 
 
-def test_two_updates_on_one_node_share_its_cores_by_gpu(paper_data):
-    """One node of 8 GPUs: each agent's update has 4 ranks on 4 of its GPUs and both run at once, so a rank gets an
-    eighth of the node's cores, not a quarter (16 ranks' threads on 8 ranks' cores)."""
+def test_two_updates_on_one_node_share_its_cores_only_where_they_run_at_once(paper_data):
+    """One node of 8 GPUs, each agent's update on 4 of them: in pools mode both updates run at once, so a rank gets an
+    eighth of the node's cores (16 ranks' threads on 8 ranks' cores before); in local mode they run one after the
+    other and each rank gets a quarter. Two nodes (node pools): each update has its node to itself."""
     from mars2.cpu import split_cpus
+    from pipeline.dispatch import concurrent_update_ranks
+    from pipeline.stage import StageContext
 
     cfg = _compose("heterogeneous_32b", paper_data)
-    ranks = [node_ranks(m, visible_gpus=8) for m in cfg.agents.owners]
-    assert [m.processes for m in cfg.agents.owners] == [4, 4] and ranks == [8, 8]
-    assert split_cpus(64, update_ranks=ranks[0]).update_rank == 8
-    assert node_ranks(replace(cfg.agents.owners[0], device="cpu")) == 4
+    owners = cfg.agents.owners
+    assert [m.processes for m in owners] == [4, 4]
+    pools = StageContext(root="/r", node_update_ranks=concurrent_update_ranks(cfg.orchestration, owners))
+    assert [node_ranks(pools, m) for m in owners] == [8, 8]
+    assert split_cpus(64, update_ranks=node_ranks(pools, owners[0])).update_rank == 8
+    local = StageContext(root="/r", node_update_ranks=concurrent_update_ranks(replace(cfg.orchestration, mode="local"),
+                                                                              owners))
+    assert [node_ranks(local, m) for m in owners] == [4, 4]
+    two_nodes = [replace(owners[0], node=0), replace(owners[1], node=1)]
+    assert concurrent_update_ranks(cfg.orchestration, two_nodes) == {m.name: 4 for m in owners}

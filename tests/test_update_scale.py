@@ -342,3 +342,17 @@ def test_gpu_update_bench_runs_at_its_tiny_shape_on_cpu(tmp_path):
                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ours/plain" in out.stdout
+
+
+def test_a_build_lock_a_killed_build_left_is_cleared_a_fresh_one_kept(tmp_path):
+    """torch's FileBaton waits for ever on an extension build's lock whose build was killed; an hour-old one goes."""
+    import time
+
+    from mars2.train.update import clear_stale_build_locks
+
+    for name, age in (("cpu_adam", 7200), ("shm_comm", 10)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lock").touch()
+        os.utime(tmp_path / name / "lock", (time.time() - age, time.time() - age))
+    assert clear_stale_build_locks(str(tmp_path)) == [str(tmp_path / "cpu_adam" / "lock")]
+    assert (tmp_path / "shm_comm" / "lock").exists() and not (tmp_path / "cpu_adam" / "lock").exists()

@@ -14,6 +14,7 @@ import importlib
 import io
 import dataclasses
 import datetime
+import logging
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from mars2.rl.losses import LOSSES
 from mars2.shims.deepspeed_import import import_deepspeed
 
 DS_ONLY_KEYS = ("gradient_checkpointing",)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,37 @@ def optimizer_class(profile: dict[str, Any]) -> type:
     return torch.optim.AdamW
 
 
+STALE_BUILD_LOCK_S = 3600.0  # no build of ours takes an hour (CPU Adam: ~3 minutes)
+
+
+def clear_stale_build_locks(root: str | None = None, older_than_s: float = STALE_BUILD_LOCK_S) -> list[str]:
+    """Remove the ``lock`` files of torch extension builds under ``root`` (default: ``TORCH_EXTENSIONS_DIR``, else
+    torch's own folder) older than ``older_than_s``: a build killed mid-way (a cancelled update's ranks) leaves its
+    lock, and torch's ``FileBaton`` then waits for it for ever in every later update on that host. The paths
+    removed."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = root or os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    removed = []
+    for folder, _, files in os.walk(root):
+        if "lock" in files and folder.count(os.sep) - root.count(os.sep) <= 2:
+            lock = os.path.join(folder, "lock")
+            try:
+                if time.time() - os.stat(lock).st_mtime > older_than_s:
+                    os.remove(lock)
+                    removed.append(lock)
+            except OSError:  # another rank removed it first
+                pass
+    return removed
+
+
 def build_optimizer(params, profile: dict[str, Any], *, lr: float, betas: tuple[float, float], weight_decay: float):
-    """The update's AdamW (decoupled weight decay) over ``params``, of :func:`optimizer_class`."""
+    """The update's AdamW (decoupled weight decay) over ``params``, of :func:`optimizer_class` (whose C++ kernel may
+    be built here: a build lock a killed build left is cleared first, :func:`clear_stale_build_locks`)."""
     cls = optimizer_class(profile)
+    if cls is not torch.optim.AdamW:
+        for lock in clear_stale_build_locks():
+            log.warning("removed the lock of a torch extension build killed over an hour ago: %s", lock)
     extra = {"adamw_mode": True} if cls is not torch.optim.AdamW else {}
     return cls(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **extra)
 
