@@ -929,6 +929,44 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
                   f"none: {no_cuda_reason(nvidia_driver())}",
                   "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
                   "on a CPU box.")
+        check_gpus(members, here=here)
+
+
+def gpu_inventory() -> tuple[int, float | None]:
+    """(GPUs this process sees, the smallest one's memory in GB or None where ``nvidia-smi`` cannot say), read
+    without creating a CUDA context here (torch counts through NVML; the memory comes from ``nvidia-smi``)."""
+    import subprocess
+
+    import torch
+
+    count = torch.cuda.device_count()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+        memory = min(float(v) for v in out.stdout.split()) * (1 << 20) / 1e9 if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        memory = None
+    return count, memory
+
+
+def check_gpus(members: list[AgentConfig], *, here: str = "this machine", gpu_memory_gb: float | None = None,
+               inventory: tuple[int, float | None] | None = None) -> None:
+    """The GPUs the plan placed the agents on (``gpu_ids``, indices into the GPUs the worker sees) exist here and, with
+    ``gpu_memory_gb`` (the plan's), are as large as planned; else one paragraph naming the ``plan.*`` settings.
+    ``inventory``: this machine's :func:`gpu_inventory`."""
+    placed = max((i for m in members if m.device.startswith("cuda") for i in m.gpu_ids), default=-1) + 1
+    if not placed:
+        return
+    count, memory = inventory if inventory is not None else gpu_inventory()
+    if count < placed:
+        _fail(f"the plan places agents on {placed} GPUs of a node, but {here} sees {count}",
+              f"Plan for the machine: plan.gpus_per_node={count} (and plan.nodes, plan.gpu_name, plan.gpu_memory_gb); "
+              "a worker must see all of its node's GPUs (docs/team.md, section 7).")
+    if gpu_memory_gb is not None and memory is not None and memory < 0.97 * gpu_memory_gb:
+        _fail(f"the plan is for GPUs of {gpu_memory_gb:g} GB, but {here}'s have {memory:.0f} GB: the updates would run "
+              "out of memory after the rollout",
+              f"Plan for the machine: plan.gpu_memory_gb={int(memory)} and plan.gpu_name (flows/plan.py shows the "
+              "layout that fits, e.g. an offload profile).")
 
 
 def _require_vllm_cpu(where: str) -> None:

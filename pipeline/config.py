@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mars2.config import ConfigError, RunConfig, StudyConfig, validate
+from mars2.config import ConfigError, RunConfig, StudyConfig, check_gpus, validate
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str
                           "agents.members.N.node for it (the train flow is the one that runs on several nodes).")
     if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
         run = place_run(run, check_fit=check_fit)
+        if run.orchestration.mode != "pools":
+            check_gpus(run.agents.members, gpu_memory_gb=run.plan.gpu_memory_gb)  # this machine runs every stage
     return run
 
 

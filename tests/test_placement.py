@@ -235,3 +235,19 @@ def test_two_updates_on_one_node_share_its_cores_only_where_they_run_at_once(pap
     assert [node_ranks(local, m) for m in owners] == [4, 4]
     two_nodes = [replace(owners[0], node=0), replace(owners[1], node=1)]
     assert concurrent_update_ranks(cfg.orchestration, two_nodes) == {m.name: 4 for m in owners}
+
+
+def test_a_plan_for_other_gpus_than_the_machines_is_refused_before_anything_runs(paper_data):
+    """The default plan is 8 GPUs of 141 GB a node: on a 4-GPU box the second agent's GPUs 4-7 do not exist (vLLM
+    and torchrun fail late and obscurely), and on 80 GB cards the 14B update runs out of memory after hours of
+    rollout. Both are refused at once, naming the plan.* settings."""
+    from mars2.config import ConfigError, check_gpus
+
+    owners = _compose("heterogeneous_14b", paper_data).agents.owners
+    assert max(i for m in owners for i in m.gpu_ids) == 7
+    check_gpus(owners, gpu_memory_gb=141, inventory=(8, 150.0))  # an H200 node: as planned
+    with pytest.raises(ConfigError, match=r"8 GPUs of a node, but this machine sees 4.*plan.gpus_per_node=4"):
+        check_gpus(owners, gpu_memory_gb=141, inventory=(4, 150.0))
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but this machine's have 85 GB.*plan.gpu_memory_gb=85"):
+        check_gpus(owners, gpu_memory_gb=141, inventory=(8, 85.0))
+    check_gpus(owners, gpu_memory_gb=141, inventory=(8, None))  # no nvidia-smi: the count alone
