@@ -6,6 +6,7 @@ Attacks are in test_sandbox_adversarial.py; the LiveCodeBench v5 / O1-mini check
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from mars2.sandbox import (
     Limits,
     SandboxPool,
     TestDataError,
+    TestRun,
     Verdict,
     grade_many,
     grade_program,
@@ -722,3 +724,24 @@ def test_many_large_fractions_in_one_value_cannot_make_the_grader_spend_minutes(
     assert isinstance(value[0], Fraction) and isinstance(value[-1], Opaque)
     small = decode_value(json.dumps([{"$fraction": ["1", "2"]}] * 1000).encode())  # small ones all decode
     assert small == [Fraction(1, 2)] * 1000
+
+
+@pytest.mark.parametrize("reaped", [False, True])
+def test_a_judge_process_that_died_is_started_again_with_the_programs_tests(reaped):
+    """Judging happens in a judge process (mars2.sandbox.judging); one killed mid-program is started again, given the
+    program's tests again, and the next judgment is right."""
+    import signal
+
+    from mars2.sandbox.pool import Judge
+
+    judge = Judge()
+    try:
+        judge.load([{"input": "1 2\n", "output": "3", "mode": "stdin"}], 256)
+        assert judge.judge(0, TestRun("ok", b"3\n")) == ("AC", "")
+        os.kill(judge.proc.pid, signal.SIGKILL)
+        if reaped:
+            judge.proc.wait()
+        status, detail = judge.judge(0, TestRun("ok", b"4\n"))
+        assert status == "WA" and "expected: '3'" in detail, detail
+    finally:
+        judge.close()

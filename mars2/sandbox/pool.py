@@ -33,7 +33,7 @@ from typing import Any
 from mars2.cpu import usable_cpus
 from mars2.procs import exit_code, kill_group, wait_exit
 from mars2.sandbox import isolation
-from mars2.sandbox.runner.wire import encode_frame, read_frame, take_frame
+from mars2.sandbox.runner.wire import encode_frame, read_frame, take_frame, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +565,7 @@ class Judge:
 
     def _write(self, header: dict[str, Any], payload: bytes) -> None:
         assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(encode_frame(header, payload))
+        write_frame(self.proc.stdin.fileno(), header, payload)  # whole: a raw pipe write may be partial
 
     def load(self, tests: list[dict[str, str]], memory_mb: int) -> None:
         """The next program's tests (``{"input", "output", "mode"}``) and memory allowance; sent before it runs."""
