@@ -1183,3 +1183,51 @@ def test_host_processes_are_not_found_by_stat_at_the_process_level():
         finally:
             pool.close()
         assert verdict.all_passed, (level, verdict.detail)
+
+
+def test_a_child_that_signals_nothing_when_it_ends_cannot_be_made():
+    """A raw clone whose exit signal is 0 made a child that waitpid without __WALL does not see: the session took its
+    test for clean and two such workers' 1.8 s of CPU per test went unrecorded under a 1 s limit. Seccomp refuses
+    any clone that is neither a thread nor a child signalling SIGCHLD (fork, vfork and posix_spawn still work)."""
+    code = """
+        import ctypes, os, subprocess, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = libc.syscall({"x86_64": 56, "aarch64": 220}[os.uname().machine], 0, 0, 0, 0, 0)
+        if pid == 0:
+            os._exit(0)
+        print("refused" if pid < 0 else "cloned")
+        """
+    for level in LEVELS:
+        if not _level_available(level):
+            continue
+        pool = sandbox_pool(level)
+        try:
+            [verdict] = grade_many([GradeJob(textwrap.dedent(code), (Case("", "refused"),))], pool=pool)
+        finally:
+            pool.close()
+        assert verdict.all_passed, (level, verdict.detail)
+
+
+def test_a_judge_that_fails_costs_its_program_alone(monkeypatch):
+    """A judge process that fails twice (killed by the host's OOM killer, say) or cannot compare: that program's
+    verdict is RE "sandbox failure", its neighbours' are right, and the batch goes on (before, the error was raised
+    in the slot's thread after the slot served the next program, and the whole batch raised)."""
+    from mars2.sandbox import SandboxError
+    from mars2.sandbox.pool import Judge
+
+    real = Judge.judge
+
+    def failing(self, index, run):
+        if run.output.strip() == b"999":
+            raise SandboxError("the judge process failed twice: EOFError")
+        return real(self, index, run)
+
+    monkeypatch.setattr(Judge, "judge", failing)
+    pool = SandboxPool(1, "bwrap" if _level_available("bwrap") else "process")
+    try:
+        rows = grade_many([GradeJob(ADD, ADD_TESTS), GradeJob("print(999)\n", ADD_TESTS), GradeJob(ADD, ADD_TESTS)],
+                          pool=pool)
+    finally:
+        pool.close()
+    assert rows[0].all_passed and rows[2].all_passed, rows
+    assert rows[1].status == "RE" and "sandbox failure" in rows[1].detail, rows[1]

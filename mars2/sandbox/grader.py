@@ -178,7 +178,11 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
     def on_result(index: int, run: TestRun) -> None:
         if index == 0:  # a retried program starts again from its first test
             outcomes.clear()
-        status, detail = judge.judge(index, run)
+        try:
+            status, detail = judge.judge(index, run)
+        except RuntimeError as e:  # the judge failed (twice, or could not compare): this program's verdict alone,
+            pool.count_failure()   # never an error raised where the slot already serves the next program
+            status, detail = RE, f"sandbox failure: {e}"
         outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
 
     def stop_after(run: TestRun) -> bool:  # the raw run only: the judgment must not decide what comes next

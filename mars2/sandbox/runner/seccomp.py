@@ -9,7 +9,8 @@ flag (EOPNOTSUPP: ``FALLOC_FL_KEEP_SIZE`` allocates past the file-size limit); `
 ``ioprio_set`` other than for the caller itself, ``migrate_pages``/``move_pages``/``process_madvise``.
 ``socket`` of any family (EACCES): only ``socketpair`` makes sockets, so no host service listening on a path, an
 abstract name or a port is reachable. ``clone`` with a CLONE_NEW* flag or CLONE_PARENT; ``clone3`` (ENOSYS, so glibc falls back to
-``clone``, whose flags a filter can inspect); ``prctl(PR_SET_CHILD_SUBREAPER, 0)`` (a test process stays its
+``clone``, whose flags a filter can inspect) and a ``clone`` that is neither a thread nor a child signalling SIGCHLD;
+``prctl(PR_SET_CHILD_SUBREAPER, 0)`` (a test process stays its
 orphans' reaper); another architecture's calls kill the process. Options add no
 process creation, no ``kill(pid <= 0)``, no signal to one protected pid, and no metadata change (chmod, chown,
 utime, xattrs) for tests that run as the grader's own uid.
@@ -99,6 +100,7 @@ SELF_ONLY = ("prlimit64", "sched_setparam", "sched_setscheduler", "sched_setaffi
 S_IFMT, S_IFCHR, S_IFBLK = 0o170000, 0o020000, 0o060000
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 CLONE_THREAD = 0x00010000
+SIGCHLD = 17
 PR_SET_CHILD_SUBREAPER = 36
 CLONE_PARENT = 0x00008000  # a child of the zygote, not of the test: it would escape the test's reaping and CPU
 CLONE_NEW_ANY = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x04000000 | 0x08000000 | 0x02000000 | 0x80
@@ -180,7 +182,10 @@ def seccomp_program(no_process_creation=False, no_kill_all=False, protect_pids=(
     if no_process_creation:
         prog += [("jset", CLONE_THREAD, "allow"), ("ret", _RET_ERRNO | errno.EAGAIN)]
     else:
-        prog += [("ret", _RET_ALLOW)]
+        # a thread, or a child that signals SIGCHLD when it ends: one with another exit signal (0) is invisible to
+        # waitpid without __WALL, so the test would not see it and its CPU would escape the test's accounting
+        prog += [("jset", CLONE_THREAD, "allow"), ("and", 0xFF), ("jeq", SIGCHLD, "allow"),
+                 ("ret", _RET_ERRNO | errno.EPERM)]
     if no_kill_all or protect_pids:
         # kill(pid, sig) with pid <= 0 (process groups, -1): the low word is 0 or has its sign bit set
         prog += [("label", "kill_check"), ("ld", 16)]

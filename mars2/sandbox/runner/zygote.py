@@ -607,7 +607,7 @@ class Zygote:
                                                 lambda: child_fn(program))
         os.close(to_child_r)
         os.close(from_child_w)
-        return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": b"", "scratch": folder,
+        return {"pid": pid, "to_child": to_child_w, "from_child": from_child_r, "buf": bytearray(), "scratch": folder,
                 "work": work, "fds": fds, "ready_fd": ready_fd, "ready": False}
 
     def _poll_child(self, session, fd, event, deadline):
@@ -672,7 +672,7 @@ class Zygote:
                         session["error"] = "malformed result from the test process"
                         return ("eof",)
                     session["buf"] = buf[total:]
-                    return "frame", (header if isinstance(header, dict) else {}), buf[FRAME.size + hlen:total]
+                    return "frame", (header if isinstance(header, dict) else {}), bytes(buf[FRAME.size + hlen:total])
             events = self._poll_child(session, fd, select.POLLIN, deadline)
             if events is None:
                 return ("timeout",)
@@ -681,7 +681,7 @@ class Zygote:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return ("eof",)
-            buf += chunk
+            buf += chunk  # a bytearray: appending is amortised O(1) (bytes made a 16 MiB output cost seconds)
             session["buf"] = buf
 
     def _close_session(self, session):
