@@ -116,9 +116,11 @@ def run_name(preset: str, overrides: list[str] | tuple[str, ...], varied: list[s
 
 def override_label(overrides: list[str] | tuple[str, ...]) -> str:
     """What makes a run differ from its preset, in a stable short form: its Hydra overrides but the preset's own
-    (``agents=...``, which the run's name says first) and Hydra's settings (``hydra.*``), in the order given, joined
-    by spaces: ``train.kl_coef=0.002 train.seed=1``; empty for the preset as it is."""
-    return " ".join(o for o in overrides if override_key(o) != "agents" and not override_key(o).startswith("hydra."))
+    (``agents=...``, which the run's name says first), Hydra's settings (``hydra.*``) and injected faults
+    (``debug.*``, not part of the command: the run that resumes a failed one carries the same label), in the order
+    given, joined by spaces: ``train.kl_coef=0.002 train.seed=1``; empty for the preset as it is."""
+    return " ".join(o for o in overrides if override_key(o) != "agents"
+                    and not override_key(o).startswith(("hydra.", "debug.")))
 
 
 def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
