@@ -431,7 +431,8 @@ def test_the_graders_memory_does_not_grow_with_the_number_of_tests(pool):
     _, top = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert (verdict.status, verdict.passed, len(verdict.tests)) == ("WA", 0, 30)
-    assert top < HELD_BYTES + 4 * (4 << 20), top
+    # the held outputs plus those being read, spooled, framed for the judge and judged: 5 of 30
+    assert top < HELD_BYTES + 5 * (4 << 20), top
 
 
 def test_outputs_waiting_for_a_slow_judgment_go_to_disk_beyond_a_bound(pool):
@@ -1231,3 +1232,22 @@ def test_a_judge_that_fails_costs_its_program_alone(monkeypatch):
         pool.close()
     assert rows[0].all_passed and rows[2].all_passed, rows
     assert rows[1].status == "RE" and "sandbox failure" in rows[1].detail, rows[1]
+
+
+def test_a_judgment_past_its_deadline_is_its_programs_sandbox_failure(monkeypatch):
+    """A judge stuck on one output (here: the deadline lowered under a 200,000-number wrong line's ~0.3 s) is killed
+    and that program's verdict is RE "sandbox failure"; the next program is judged by a fresh judge."""
+    import mars2.sandbox.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "JUDGE_TIMEOUT_S", 0.02)
+    n = 200_000
+    wrong = f"print(' '.join(str(i + 1) for i in range({n})))\n"
+    pool = SandboxPool(1, "bwrap" if _level_available("bwrap") else "process")
+    try:
+        [stuck] = grade_many([GradeJob(wrong, (Case("", " ".join(str(i) for i in range(n))),))], pool=pool)
+        monkeypatch.setattr(pool_module, "JUDGE_TIMEOUT_S", 60.0)
+        [after] = grade_many([GradeJob(ADD, ADD_TESTS)], pool=pool)
+    finally:
+        pool.close()
+    assert stuck.status == "RE" and "sandbox failure" in stuck.detail and "took over" in stuck.detail, stuck.detail
+    assert after.all_passed, after.detail

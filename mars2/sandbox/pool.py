@@ -41,6 +41,7 @@ MIB = 1 << 20
 JUDGE_PATH = os.path.join(isolation.SANDBOX_DIR, "_judge.py")
 START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
+JUDGE_TIMEOUT_S = 600.0  # one judgment at most (the slowest measured: 4-6 s for a 16 MiB nested return value)
 HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory (beyond: spooled to disk)
 
 
@@ -582,6 +583,9 @@ class Judge:
             try:
                 self._send(header, run.output)
                 assert self.proc is not None and self.proc.stdout is not None
+                if not select.select([self.proc.stdout], [], [], JUDGE_TIMEOUT_S)[0]:
+                    self.close()  # a judgment past any measured one: the judge is stuck, not worth a second try
+                    raise SandboxError(f"judging test {index + 1} took over {JUDGE_TIMEOUT_S:g} s")
                 reply, _ = read_frame(self.proc.stdout.fileno())
                 break
             except (OSError, EOFError, ValueError) as e:

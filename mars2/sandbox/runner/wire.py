@@ -47,13 +47,16 @@ def encode_frame(header, payload=b""):
 
 
 def write_frame(fd, header, payload=b""):
-    view = memoryview(encode_frame(header, payload))
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        view = view[n:]
+    """Write one frame whole; the payload goes from where it is (no copy of a large output)."""
+    data = _dumps(header).encode("utf-8")
+    for part in (FRAME.pack(len(data), len(payload)) + data, payload):
+        view = memoryview(part)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except InterruptedError:
+                continue
+            view = view[n:]
 
 
 def take_frame(buf):
