@@ -320,6 +320,10 @@ class GradingConfig:
     """auto: the strongest this machine has."""
     parity: str = choice("script", PARITIES)
     """script: programs run as real scripts; lcb: LiveCodeBench's quirks."""
+    judge_cores: int = field(default=-1, metadata={"cache_key": False})
+    """cores kept for the judge processes, off the programs' cores, so a program busy on every core cannot feel its
+    answers being judged (docs/sandbox.md); -1: one where this process may use ``JUDGE_CORE_FROM`` (8) cores or more
+    (mars2/sandbox/pool.py), else none (the judges share the cores at nice 19). How, not what: in no cache key."""
     stop_at_visible_failure: bool = True
     """stop a program at the first test it visibly failed (a crash, a timeout, a memory, output or disk limit: what
     the program itself can tell); a wrong answer never stops it, so which tests run never depends on the expected
@@ -795,11 +799,12 @@ def _validate_grading(g: GradingConfig) -> None:
     from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy: import-light module
 
     if not (math.isfinite(g.time_limit_s) and MIN_TIME_S <= g.time_limit_s <= MAX_TIME_S
-            and 1 <= g.memory_mb <= MAX_MEMORY_MB and 0 <= g.workers <= MAX_WORKERS):
-        _fail(f"grading.time_limit_s={g.time_limit_s}, grading.memory_mb={g.memory_mb} or "
-              f"grading.workers={g.workers} is out of range",
-              f"Use time_limit_s from {MIN_TIME_S} to {MAX_TIME_S:g} CPU seconds, memory_mb from 1 to {MAX_MEMORY_MB} "
-              f"and workers from 0 (one per core) to {MAX_WORKERS}.")
+            and 1 <= g.memory_mb <= MAX_MEMORY_MB and 0 <= g.workers <= MAX_WORKERS
+            and -1 <= g.judge_cores <= MAX_WORKERS):
+        _fail(f"grading.time_limit_s={g.time_limit_s}, grading.memory_mb={g.memory_mb}, "
+              f"grading.workers={g.workers} or grading.judge_cores={g.judge_cores} is out of range",
+              f"Use time_limit_s from {MIN_TIME_S} to {MAX_TIME_S:g} CPU seconds, memory_mb from 1 to {MAX_MEMORY_MB}, "
+              f"workers from 0 (one per core) to {MAX_WORKERS} and judge_cores from -1 (auto) to {MAX_WORKERS}.")
 
 
 def _validate_plan(p: PlanConfig) -> None:

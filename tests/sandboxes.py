@@ -9,11 +9,11 @@ from mars2.sandbox import SandboxPool
 LEVELS = ["bwrap", "process", "process-shared-uid"]
 
 
-def sandbox_pool(level: str) -> SandboxPool:
-    """A one-slot pool at ``level`` (one of :data:`LEVELS`)."""
+def sandbox_pool(level: str, **options) -> SandboxPool:
+    """A one-slot pool at ``level`` (one of :data:`LEVELS`), with :class:`SandboxPool`'s keyword ``options``."""
     if level != "process-shared-uid":
-        return SandboxPool(1, level)
-    p = SandboxPool(1, "process")
+        return SandboxPool(1, level, **options)
+    p = SandboxPool(1, "process", **options)
     p.probe.update(process_dedicated_uid=False, private_mounts=False)
     return p
 

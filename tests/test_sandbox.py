@@ -745,3 +745,33 @@ def test_a_judge_process_that_died_is_started_again_with_the_programs_tests(reap
         assert status == "WA" and "expected: '3'" in detail, detail
     finally:
         judge.close()
+
+
+def test_outputs_waiting_for_judgment_are_bounded_in_memory_and_on_disk(monkeypatch):
+    """A slot never waits for the judges until the outputs waiting for them fill the memory budget and then the
+    disk budget: the disk budget makes the next output wait until a judgment takes one back, and what an abandoned
+    batch never judged is given back in full (the pool's budgets outlive one call)."""
+    import queue
+    import threading
+
+    from mars2.sandbox import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "HELD_BYTES", 10)
+    monkeypatch.setattr(pool_module, "SPOOL_BYTES", 20)
+    held = pool_module.HeldOutputs()
+    in_memory, on_disk = held.put(b"m" * 8), held.put(b"d" * 15)
+    assert isinstance(in_memory, bytes) and not isinstance(on_disk, bytes)
+    waiting: list = []
+    third = threading.Thread(target=lambda: waiting.append(held.put(b"w" * 10)), daemon=True)
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # 15 + 10 bytes would pass the disk budget of 20
+    assert held.take(on_disk) == b"d" * 15
+    third.join(5)
+    assert not third.is_alive() and held.on_disk == 10
+    abandoned: queue.SimpleQueue = queue.SimpleQueue()
+    abandoned.put((0, pool_module.TestRun("ok", waiting[0])))
+    abandoned.put((1, pool_module.TestRun("ok", in_memory)))
+    abandoned.put(None)
+    held.drop(abandoned)
+    assert (held.in_memory, held.on_disk) == (0, 0)

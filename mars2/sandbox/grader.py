@@ -36,10 +36,12 @@ memory is capped (``memory_mb``).
 from __future__ import annotations
 
 import json
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,16 +154,39 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
     (before running anything).
     """
     grading = grading or GradingConfig()
+    if grading.parity not in PARITIES:
+        raise ValueError(f"parity={grading.parity!r} is unknown; use one of {PARITIES}")
+    planned = _plan(code, tests, func_name, grading.parity)
+    if isinstance(planned, Verdict):
+        return planned
+    limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)
+    pool = pool or shared_pool(None, grading.isolation, grading.judge_cores)
+    return _grade({0: planned}, pool, limits, grading, isolate_tests)[0]
+
+
+@dataclass
+class _Program:
+    """A program ready to run: its code, tests, what each test sends and expects, and when it was started."""
+
+    code: str
+    tests: tuple[TestCase, ...]
+    func_name: str | None
+    prepared: list[_Prepared]
+    parity: str
+    started: float = 0.0
+
+
+def _plan(code: str | None, tests: Sequence[TestCase], func_name: str | None, parity: str) -> Verdict | _Program:
+    """The verdict of a job that needs no sandbox (``NO_TESTS``, ``NO_CODE``, LiveCodeBench's blank-line error, a
+    program too large to compile), else the :class:`_Program` to run. Raises :class:`TestDataError`."""
     start = time.monotonic()
     tests = tuple(tests)
     total = len(tests)
-    if grading.parity not in PARITIES:
-        raise ValueError(f"parity={grading.parity!r} is unknown; use one of {PARITIES}")
     if total == 0:
         return Verdict(NO_TESTS, 0, 0, time.monotonic() - start, "no tests to run")
     if not has_program(code):
         return Verdict(NO_CODE, 0, total, time.monotonic() - start, "no program")
-    parity = grading.parity
+    assert code is not None
     prepared = [_prepare(test, func_name, i, parity) for i, test in enumerate(tests, start=1)]
     if len({p.mode for p in prepared}) != 1:
         raise TestDataError("a program's tests mix stdin and functional test types")
@@ -170,47 +195,153 @@ def grade_program(code: str | None, tests: Sequence[TestCase], *, func_name: str
     if len(code.encode("utf-8", "surrogatepass")) > MAX_PROGRAM_BYTES:
         return Verdict(CE, 0, total, time.monotonic() - start,
                        f"compile error\nprogram larger than {MAX_PROGRAM_BYTES} bytes")
-    limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)
-    pool = pool or shared_pool(None, grading.isolation)
-    outcomes: list[TestVerdict] = []
-    judge = pool.acquire_judge()  # the comparisons run in a judge process, not in this one (mars2.sandbox.judging)
+    return _Program(code, tests, func_name, prepared, parity)
 
-    def on_result(index: int, run: TestRun) -> None:
-        if index == 0:  # a retried program starts again from its first test
-            outcomes.clear()
+
+def _grade(programs: dict[int, _Program], pool: SandboxPool, limits: Limits, grading: GradingConfig,
+           isolate_tests: bool, on_ran: Callable[[], None] | None = None) -> dict[int, Verdict]:
+    """Run ``programs`` (by job index) in the pool's slots and judge them apart; their verdicts by index.
+
+    Runner threads (one per slot) only run (:func:`_run`): a slot never waits for a judgment, so when a program
+    starts does not depend on how the programs before it were judged. Judge threads (as many) judge the runs as they
+    come (:func:`_judge`), in the order the programs started, kept to the pool's judge cores (``pool.judge_cpus``)
+    like the judge processes they feed. This thread wakes only when a program's runs are all in (``on_ran()``,
+    e.g. progress) and takes the verdicts once every program has run: nothing it does while programs run happens
+    at a moment a judgment decides.
+    """
+    if not programs:
+        return {}
+    n = min(pool.workers, len(programs))
+    runners = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mars2-run")
+    judges = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mars2-judge", initializer=_keep_to,
+                                initargs=(pool.judge_cpus,))
+    ran: queue.SimpleQueue = queue.SimpleQueue()
+    judged: queue.SimpleQueue = queue.SimpleQueue()
+    cancel = threading.Event()
+    queues: list[queue.SimpleQueue] = []
+    verdicts: dict[int, Verdict] = {}
+
+    def judge_job(i: int, runs: queue.SimpleQueue) -> None:
         try:
-            status, detail = judge.judge(index, run)
-        except RuntimeError as e:  # the judge failed (twice, or could not compare): this program's verdict alone,
-            pool.count_failure()   # never an error raised where the slot already serves the next program
-            status, detail = RE, f"sandbox failure: {e}"
-        outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
+            judged.put((i, _judge(programs[i], pool, limits, runs)))
+        except BaseException as e:  # noqa: BLE001 - raised in the calling thread
+            judged.put((i, e))
+
+    def run_job(i: int) -> None:
+        runs: queue.SimpleQueue = queue.SimpleQueue()
+        queues.append(runs)
+        try:
+            try:  # judged as it runs, in the order programs start
+                judges.submit(judge_job, i, runs)
+            except BaseException as e:  # noqa: BLE001 - the executor is shutting down: the batch is abandoned
+                judged.put((i, e))
+                return
+            _run(programs[i], pool, limits, grading, isolate_tests, runs, cancel)
+        finally:
+            ran.put(i)
+
+    def take(block: bool) -> None:
+        while len(verdicts) < len(programs):
+            try:
+                i, result = judged.get(block=block)
+            except queue.Empty:
+                return
+            if isinstance(result, BaseException):
+                raise result
+            verdicts[i] = result
+
+    try:
+        for i in programs:
+            runners.submit(run_job, i)
+        for _ in programs:
+            ran.get()
+            take(block=False)  # a judging error surfaces here, at a moment a program's end decides
+            if on_ran is not None:
+                on_ran()
+        take(block=True)
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        runners.shutdown(wait=True, cancel_futures=True)
+        judges.shutdown(wait=True, cancel_futures=True)
+        for runs in queues:  # what an abandoned batch ran but never judged
+            pool.held.drop(runs)
+    return verdicts
+
+
+def _keep_to(cpus: frozenset[int]) -> None:
+    """Keep the calling thread to ``cpus`` (none: anywhere)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+class _Cancelled(Exception):
+    """The batch was abandoned: the program in a slot is ended after its test in flight."""
+
+
+def _run(program: _Program, pool: SandboxPool, limits: Limits, grading: GradingConfig, isolate_tests: bool,
+         runs: queue.SimpleQueue, cancel: threading.Event | None = None) -> None:
+    """Run ``program`` in a slot of ``pool``, putting each ``(index, run)`` into ``runs`` with its output held by the
+    pool (:class:`~mars2.sandbox.pool.HeldOutputs`), then ``None`` (or the exception that ended it).
+    Never judges and never waits for a judgment: the slot goes to the next program as soon as this one's runs are
+    in, so when a program starts does not depend on how its predecessors were judged."""
+
+    def hand_over(index: int, run: TestRun) -> None:
+        if cancel is not None and cancel.is_set():
+            pool.held.take(run.output)
+            raise _Cancelled
+        runs.put((index, run))
 
     def stop_after(run: TestRun) -> bool:  # the raw run only: the judgment must not decide what comes next
         return run.status == "CE" or (grading.stop_at_visible_failure and run.status != "ok")
 
-    try:  # what the program is judged against goes to the judge before the program runs
-        judge.load([{"input": t.input, "output": t.output, "mode": p.mode} for t, p in zip(tests, prepared)],
-                   limits.memory_mb)
-        slot = pool.acquire()
-    except BaseException:
-        pool.release_judge(judge)
-        raise
-    released = threading.Lock()
-
-    def release() -> None:  # once: when the program has ended (the pacer), else when this call ends
-        if released.acquire(blocking=False):
-            pool.release(slot)
-
+    program.started = time.monotonic()
+    ended: BaseException | None = None
     try:
-        slot.run(code=code, mode=prepared[0].mode, parity=parity, func_name=func_name, limits=limits,
-                 inputs=[p.payload for p in prepared], on_result=on_result, stop_after=stop_after,
-                 isolate_tests=isolate_tests, on_paced=release)
-    except SandboxError as e:  # twice, on a fresh zygote: this program's verdict (the pool counts it and warns)
-        return Verdict(RE, 0, total, time.monotonic() - start, f"sandbox failure: {e}")
+        slot = pool.acquire()
+        try:
+            slot.run(code=program.code, mode=program.prepared[0].mode, parity=program.parity,
+                     func_name=program.func_name, limits=limits, inputs=[p.payload for p in program.prepared],
+                     on_result=hand_over, stop_after=stop_after, isolate_tests=isolate_tests)
+        finally:
+            pool.release(slot)
+    except _Cancelled:
+        pass
+    except BaseException as e:  # noqa: BLE001 - the judging side turns it into the verdict or raises it
+        ended = e
+    runs.put(ended)
+
+
+def _judge(program: _Program, pool: SandboxPool, limits: Limits, runs: queue.SimpleQueue) -> Verdict:
+    """Judge the runs :func:`_run` puts into ``runs`` as they come, in a judge process (given the program's tests
+    first), and return the program's :class:`Verdict`. A judge that fails (twice, or cannot compare) is that
+    program's ``RE`` "sandbox failure", as is a slot that failed twice."""
+    total = len(program.tests)
+    outcomes: list[TestVerdict] = []
+    judge = pool.acquire_judge()
+    try:
+        judge.load([{"input": t.input, "output": t.output, "mode": p.mode}
+                    for t, p in zip(program.tests, program.prepared)], limits.memory_mb)
+        while (item := runs.get()) is not None:
+            if isinstance(item, SandboxError):
+                return Verdict(RE, 0, total, time.monotonic() - program.started, f"sandbox failure: {item}")
+            if isinstance(item, BaseException):
+                raise item
+            index, run = item
+            run.output = pool.held.take(run.output)
+            if index == 0:  # a retried program starts again from its first test
+                outcomes.clear()
+            try:
+                status, detail = judge.judge(index, run)
+            except RuntimeError as e:  # the judge failed (twice, or could not compare): this program's verdict alone
+                pool.count_failure()
+                status, detail = RE, f"sandbox failure: {e}"
+            outcomes.append(TestVerdict(index + 1, status, detail, run.cpu_s, run.wall_s))
+            del run, item
     finally:
-        release()
         pool.release_judge(judge)
-    return _verdict(outcomes, total, time.monotonic() - start)
+    return _verdict(outcomes, total, time.monotonic() - program.started)
 
 
 def _verdict(outcomes: list[TestVerdict], total: int, elapsed: float) -> Verdict:
@@ -234,9 +365,11 @@ def grade_many(jobs: Sequence[GradeJob], *, grading: GradingConfig | None = None
     """Grade many programs concurrently, each as :func:`grade_program` does; the verdicts come back in the order of
     ``jobs``.
 
-    ``grading.workers`` sandbox slots (0: one per CPU core) of the shared pool for ``grading.isolation`` (or
-    ``pool``'s) each grade one job at a time (its tests sequentially). ``progress`` is told ``(graded, total)``
-    after each job (the caller's display). Every job's tests are validated first: a :class:`TestDataError` naming
+    ``grading.workers`` sandbox slots (0: one per CPU core the judges do not keep) of the shared pool for
+    ``grading.isolation`` (or ``pool``'s) each run one job at a time (its tests sequentially), and as many judge
+    processes judge the runs as they come, in the order the programs started; a slot never waits for a judgment
+    (until the outputs waiting for one pass ``pool.py: SPOOL_BYTES``). ``progress`` is told ``(done, total)``
+    each time a job has run (the caller's display; the verdicts come together once all have run). Every job's tests are validated first: a :class:`TestDataError` naming
     the job and the test is raised before anything runs. After that one verdict comes back per job whatever the
     programs do: a program that breaks its slot twice is ``RE`` ("sandbox failure").
     """
@@ -252,38 +385,24 @@ def grade_many(jobs: Sequence[GradeJob], *, grading: GradingConfig | None = None
         except TestDataError as e:
             raise TestDataError(f"job {i}, {e}") from None
     limits = limits or Limits(time_s=grading.time_limit_s, memory_mb=grading.memory_mb)  # bad limits fail here
-    pool = pool or shared_pool(grading.workers or None, grading.isolation)
+    pool = pool or shared_pool(grading.workers or None, grading.isolation, grading.judge_cores)
     results: list[Verdict | None] = [None] * len(jobs)
     graded = 0
 
-    def finished(i: int, result: Verdict) -> None:
+    def count() -> None:
         nonlocal graded
-        results[i] = result
         graded += 1
         if progress is not None:
             progress(graded, len(jobs))
 
-    def grade_job(job: GradeJob) -> Verdict:
-        return grade_program(job.code, job.tests, func_name=job.func_name, grading=grading, pool=pool,
-                             isolate_tests=isolate_tests, limits=limits)
-
-    programs = [i for i, job in enumerate(jobs) if has_program(job.code)]
-    # two threads a slot: one judges a program's last outputs while the other already runs the next program on the
-    # slot it released (grade_program), so when a program starts never waits on the judging of the one before
-    threads = ThreadPoolExecutor(max_workers=min(2 * pool.workers, max(1, len(programs))),
-                                 thread_name_prefix="mars2-grade") if programs else None
-    try:
-        for i, job in enumerate(jobs):  # no program: NO_CODE (or NO_TESTS) at once, no thread or sandbox
-            if not has_program(job.code):
-                finished(i, grade_job(job))
-        futures = {threads.submit(grade_job, jobs[i]): i for i in programs}
-        for future in as_completed(futures):
-            finished(futures[future], future.result())
-    except BaseException:
-        if threads is not None:
-            threads.shutdown(wait=True, cancel_futures=True)
-        raise
-    finally:
-        if threads is not None:
-            threads.shutdown(wait=True)
+    programs: dict[int, _Program] = {}
+    for i, job in enumerate(jobs):  # no program to run: its verdict at once, no thread or sandbox
+        planned = _plan(job.code, job.tests, job.func_name, grading.parity)
+        if isinstance(planned, Verdict):
+            results[i] = planned
+            count()
+        else:
+            programs[i] = planned
+    for i, verdict in _grade(programs, pool, limits, grading, isolate_tests, on_ran=count).items():
+        results[i] = verdict
     return [r for r in results if r is not None]

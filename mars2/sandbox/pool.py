@@ -4,8 +4,8 @@ A :class:`SandboxPool` holds ``workers`` :class:`Slot` objects (one per core by 
 a dedicated uid (when the grader runs as root), optionally a cgroup, and one zygote process
 (``_runner.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`),
 spoken to in :mod:`mars2.sandbox.runner.wire` frames. :meth:`Slot.run` sends one program, then its tests
-one at a time, handing each raw result (stdout bytes or typed return value) to a callback that compares
-it with the expected output *in this process* and says whether to go on.
+one at a time, handing each raw result (stdout bytes or typed return value) to a callback; the comparison with the
+expected output is made apart, in a :class:`Judge` process (:mod:`mars2.sandbox.grader` decides when).
 A zygote that dies, stops answering, or reports that it could not confine a test process (decided from its own
 checks, never from anything a program controls) is killed and restarted; the program it was running is retried once
 on the fresh zygote, then reported as that program's sandbox failure (:class:`SandboxError`), which the grader turns
@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mars2.cpu import usable_cpus
@@ -42,13 +43,15 @@ JUDGE_PATH = os.path.join(isolation.SANDBOX_DIR, "_judge.py")
 START_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 15.0
 JUDGE_TIMEOUT_S = 600.0  # one judgment at most (the slowest measured: 4-6 s for a 16 MiB nested return value)
-HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory (beyond: spooled to disk)
+HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory by a pool (beyond: spooled to disk)
+SPOOL_BYTES = 2 << 30  # ... and on disk, beyond which the slots wait for the judges
 
 
 MIN_TIME_S = 0.05  # below this a CPU-time limit cannot be measured (the clock ticks every 10 ms)
 MAX_TIME_S = 3600.0
 MAX_MEMORY_MB = 1 << 20
 MAX_WORKERS = 256
+JUDGE_CORE_FROM = 8  # a host with this many usable cores gives the judge processes a core of their own
 
 
 class SandboxError(RuntimeError):
@@ -259,8 +262,14 @@ class Slot:
             cwd = self.dir.path if self.dir is not None else "/"
         if self.log is None:  # the zygote's stderr: unnamed, so nothing is left on disk whatever happens
             self.log = tempfile.TemporaryFile(prefix=f"mars2-slot{self.index}-")
-        cgroup = self.cgroup
-        preexec = cgroup.attach_current if cgroup is not None else None
+        cgroup, cpus = self.cgroup, self.pool.slot_cpus
+
+        def preexec() -> None:  # inherited by everything in the sandbox; its seccomp refuses sched_setaffinity
+            if cgroup is not None:
+                cgroup.attach_current()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
                                          cwd=cwd, start_new_session=True, preexec_fn=preexec, bufsize=0,
@@ -395,16 +404,12 @@ class Slot:
 
     def run(self, *, code: str, mode: str, parity: str, func_name: str | None, limits: Limits,
             inputs: list[bytes], on_result: Callable[[int, TestRun], None],
-            stop_after: Callable[[TestRun], bool] = lambda run: False, isolate_tests: bool = False,
-            on_paced: Callable[[], None] | None = None) -> int:
+            stop_after: Callable[[TestRun], bool] = lambda run: False, isolate_tests: bool = False) -> int:
         """Run ``code`` on ``inputs`` in order, stopping after a run for which ``stop_after(run)`` is true; each
-        run goes to ``on_result(i, run)`` in this thread. Returns the number of tests judged. A pacing thread feeds
-        the tests (:meth:`_pace`) and never waits for ``on_result``: the time the grader takes to judge an output
-        never reaches the program. Outputs not yet judged are held in memory up to ``HELD_BYTES``, beyond that on
-        disk, and each is dropped once judged: the grader's memory does not grow with the number of tests.
-        ``on_paced()`` is called from the pacing thread once the program has ended normally (every run received),
-        before the judging is done: the caller may hand the slot to the next program then, so that when the next
-        program starts does not depend on how long this one's outputs took to judge.
+        run goes to ``on_result(i, run)`` in this thread, its ``output`` held by the pool (:class:`HeldOutputs`:
+        the caller gets the bytes with ``pool.held.take``). Returns the number of runs handed over. A pacing thread
+        feeds the tests (:meth:`_pace`) and never waits for ``on_result``: whatever the caller does with a run
+        never reaches the program.
 
         A sandbox failure (the zygote cannot start, dies, stops answering, or could not confine a test process)
         restarts the zygote and retries the program once from the start (the callback sees every test again);
@@ -415,7 +420,7 @@ class Slot:
                 if not self.alive():
                     self.start()
                 return self._run_once(code, mode, parity, func_name, limits, inputs, on_result, stop_after,
-                                      isolate_tests, on_paced)
+                                      isolate_tests)
             except SandboxError as e:
                 self.pool.count_failure()
                 log.warning("sandbox slot %d failed (%s); restarting%s. %s", self.index, e,
@@ -425,8 +430,7 @@ class Slot:
                     raise
         raise AssertionError("unreachable")
 
-    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests,
-                  on_paced=None) -> int:
+    def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests) -> int:
         chan = self.chan
         assert chan is not None
         if self.cgroup is not None and limits.memory_mb > self.cgroup_memory_mb:
@@ -440,13 +444,11 @@ class Slot:
             raise SandboxError(f"the sandbox could not take the program: {header.get('error', header)}")
         if not inputs:
             chan.send({"op": "end"})
-            if on_paced is not None:
-                on_paced()
             return 0
         runs: queue.SimpleQueue = queue.SimpleQueue()
-        held = _Held()
+        held = self.pool.held
         halt = threading.Event()
-        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt, on_paced),
+        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt),
                                  name=f"mars2-sandbox-slot{self.index}", daemon=True)
         pacer.start()
         ran = 0
@@ -455,10 +457,9 @@ class Slot:
                 if isinstance(item, BaseException):
                     raise item
                 index, run = item
-                run.output = held.take(run.output)
                 ran += 1
                 on_result(index, run)
-                del run, item  # judged: it must not sit beside the next test's output
+                del run, item
         except BaseException:
             halt.set()  # the pacer ends the program after the test in flight (at most one test's wall time)
             raise
@@ -468,10 +469,10 @@ class Slot:
         return ran
 
     def _pace(self, chan: _Channel, limits: Limits, inputs: list[bytes], stop_after: Callable[[TestRun], bool],
-              runs: queue.SimpleQueue, held: _Held, halt: threading.Event, on_paced=None) -> None:
+              runs: queue.SimpleQueue, held: HeldOutputs, halt: threading.Event) -> None:
         """Feed the program its tests one after the other, each as soon as the previous one's run is back (or end
-        it after a run ``stop_after`` stops at), and hand each run to the judging thread through ``runs`` (None at
-        the end, or the exception that ended it). Never waits for a judgment: how fast the grader judges, and how
+        it after a run ``stop_after`` stops at), and hand each run to the calling thread through ``runs`` (None at
+        the end, or the exception that ended it). Never waits for the caller: how fast the grader judges, and how
         it judged, cannot reach the program through the moment its next test starts."""
         try:
             for index in range(len(inputs)):
@@ -494,26 +495,31 @@ class Slot:
                 runs.put((index, run))
                 if last:
                     break
-            if on_paced is not None:
-                on_paced()  # nothing more goes through this zygote for this program
             runs.put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the judging thread, which raises it
             runs.put(e if not halt.is_set() else None)
 
 
-class _Held:
-    """Outputs between the pacing thread and the judging one: in memory up to ``HELD_BYTES``, on disk beyond, so
-    the grader's memory does not grow with the number of tests however slowly it judges."""
+class HeldOutputs:
+    """A pool's outputs run but not yet judged: in memory up to ``HELD_BYTES`` in all, each one past that in an
+    unlinked temporary file, so the grader's memory does not grow with the number of tests or programs however
+    slowly it judges. The files hold at most ``SPOOL_BYTES``: past that, :meth:`put` (so the slot that ran the
+    output) waits for judgments to take some back. :meth:`put` returns what stands for an output, :meth:`take`
+    gives the bytes back (once)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.in_memory = 0
+        self.on_disk = 0
 
     def put(self, payload: bytes):
         with self.lock:
             if self.in_memory + len(payload) <= HELD_BYTES:
                 self.in_memory += len(payload)
                 return payload
+            while self.on_disk and self.on_disk + len(payload) > SPOOL_BYTES:
+                self.lock.wait()
+            self.on_disk += len(payload)
         spool = tempfile.TemporaryFile(prefix="mars2-output-")  # noqa: SIM115 - closed by take() or drop()
         spool.write(payload)
         return spool
@@ -525,14 +531,18 @@ class _Held:
             return held
         with held:
             held.seek(0)
-            return held.read()
+            payload = held.read()
+        with self.lock:
+            self.on_disk -= len(payload)
+            self.lock.notify_all()
+        return payload
 
     def drop(self, runs: queue.SimpleQueue) -> None:
-        """Close what was spooled for runs never judged (the judging stopped early)."""
+        """Close what was spooled for the ``(index, run)`` items left in ``runs`` (never taken)."""
         while not runs.empty():
             item = runs.get()
-            if isinstance(item, tuple) and not isinstance(item[1].output, bytes):
-                item[1].output.close()
+            if isinstance(item, tuple):
+                self.take(item[1].output)
 
 
 class Judge:
@@ -543,9 +553,10 @@ class Judge:
 
     NICE = 19
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: frozenset[int] = frozenset()) -> None:
         self.proc: subprocess.Popen | None = None
         self.loaded: bytes = b""
+        self.cpus = cpus  # the pool's judge cores (none: anywhere)
 
     def _start(self) -> None:
         self.proc = subprocess.Popen([isolation.python_executable(), "-I", "-S", "-B", "-X", "utf8", JUDGE_PATH],
@@ -555,6 +566,8 @@ class Judge:
             os.setpriority(os.PRIO_PROCESS, self.proc.pid, self.NICE)
         except OSError:
             pass
+        if self.cpus:
+            os.sched_setaffinity(self.proc.pid, self.cpus)
 
     def _send(self, header: dict[str, Any], payload: bytes) -> None:
         if self.proc is None or exit_code(self.proc) is not None:
@@ -616,10 +629,13 @@ class SandboxPool:
     """
 
     def __init__(self, workers: int | None = None, isolation_level: str = "auto", *, memory_ceiling_mb: int = 1024,
-                 nproc_ceiling: int = 512, tmpfs_mb: int = 256, use_cgroups: bool = True) -> None:
+                 nproc_ceiling: int = 512, tmpfs_mb: int = 256, use_cgroups: bool = True,
+                 judge_cores: int | None = None) -> None:
         self.workers = default_workers() if not workers else int(workers)
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers must be from 1 to {MAX_WORKERS}, got {workers}")
+        self.judge_cores = default_judge_cores() if judge_cores is None else judge_cores
+        self.slot_cpus, self.judge_cpus = split_cores(self.judge_cores)
         self.probe = isolation.probe_isolation()
         self.level = isolation.choose_level(isolation_level, self.probe)
         self.requested = isolation_level
@@ -637,6 +653,7 @@ class SandboxPool:
         for slot in self.slots:
             self._free.put(slot)
         self._closed = False
+        self.held = HeldOutputs()
         self._judges: queue.LifoQueue[Judge] = queue.LifoQueue()
         self._all_judges: list[Judge] = []
         self._judges_lock = threading.Lock()
@@ -644,7 +661,8 @@ class SandboxPool:
 
     def params(self) -> dict[str, str]:
         """Flat ``sandbox.*`` strings describing the isolation in use (for MLflow params)."""
-        return {**isolation.describe(self.level, self.probe), "sandbox.workers": str(self.workers)}
+        return {**isolation.describe(self.level, self.probe), "sandbox.workers": str(self.workers),
+                "sandbox.judge_cpus": ",".join(map(str, sorted(self.judge_cpus))) or "shared"}
 
     def count_failure(self) -> None:
         with self._failures_lock:
@@ -659,12 +677,12 @@ class SandboxPool:
         self._free.put(slot)
 
     def acquire_judge(self) -> Judge:
-        """A judge process for one program (a new one when every judge is in use: at most two per slot, one judging
-        a program's last runs while the slot already runs the next, see :func:`mars2.sandbox.grade_many`)."""
+        """A judge process for one program (a new one when every judge is in use; :func:`mars2.sandbox.grade_many`
+        judges at most ``workers`` programs at once)."""
         try:
             return self._judges.get_nowait()
         except queue.Empty:
-            judge = Judge()
+            judge = Judge(self.judge_cpus)
             with self._judges_lock:
                 self._all_judges.append(judge)
             return judge
@@ -720,22 +738,64 @@ def _process_table() -> dict[int, tuple[int, int, str]]:
 
 
 def default_workers() -> int:
-    """One slot per core this process may use (:func:`mars2.cpu.usable_cpus`)."""
-    return usable_cpus()
+    """One slot per core this process may use (:func:`mars2.cpu.usable_cpus`) and the judges do not."""
+    return max(1, usable_cpus() - default_judge_cores())
 
 
-_pools: dict[tuple[int, str], SandboxPool] = {}
+def default_judge_cores() -> int:
+    """Cores kept for the judge processes: one where this process may use ``JUDGE_CORE_FROM`` or more, else none
+    (the judges share the cores with the slots, at nice 19)."""
+    return 1 if usable_cpus() >= JUDGE_CORE_FROM else 0
+
+
+def split_cores(judge_cores: int) -> tuple[frozenset[int], frozenset[int]]:
+    """``(slot_cpus, judge_cpus)``: the last ``judge_cores`` physical cores of this process's affinity, each with its
+    SMT siblings, for the judges; the rest for the slots. Two empty sets when ``judge_cores`` is 0 or nothing would
+    be left for the slots (everything runs anywhere)."""
+    if judge_cores < 0:
+        raise ValueError(f"judge_cores must be >= 0, got {judge_cores}")
+    try:
+        allowed = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(), frozenset()
+    judges: set[int] = set()
+    for _ in range(judge_cores):
+        rest = allowed - judges
+        if not rest:
+            break
+        judges |= _smt_siblings(max(rest)) & allowed
+    if not judges or judges >= allowed:
+        return frozenset(), frozenset()
+    return frozenset(allowed - judges), frozenset(judges)
+
+
+def _smt_siblings(cpu: int) -> set[int]:
+    """``cpu`` and the logical CPUs sharing its physical core (``thread_siblings_list``: ``"3,7"`` or ``"6-7"``)."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        found: set[int] = set()
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            found.update(range(int(low), int(high or low) + 1))
+        return found | {cpu}
+    except (OSError, ValueError):
+        return {cpu}
+
+
+_pools: dict[tuple[int, str, int], SandboxPool] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_pool(workers: int | None = None, isolation_level: str = "auto") -> SandboxPool:
-    """The process-wide pool for ``(workers, isolation)``, created on first use."""
+def shared_pool(workers: int | None = None, isolation_level: str = "auto",
+                judge_cores: int | None = None) -> SandboxPool:
+    """The process-wide pool for ``(workers, isolation, judge_cores)`` (None: the defaults), created on first use."""
     n = default_workers() if not workers else int(workers)
-    key = (n, isolation_level)
+    judges = default_judge_cores() if judge_cores is None or judge_cores < 0 else judge_cores
+    key = (n, isolation_level, judges)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None or pool._closed:
-            pool = SandboxPool(n, isolation_level)
+            pool = SandboxPool(n, isolation_level, judge_cores=judges)
             _pools[key] = pool
         return pool
 
