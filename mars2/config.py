@@ -904,10 +904,11 @@ def no_cuda_reason(driver: str | None) -> str:
 
 
 def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_available: bool | None = None,
-                  stage: str | None = None) -> None:
+                  stage: str | None = None, gpu_memory_gb: float | None = None) -> None:
     """What only the machine that runs a stage can check: the agents' local model folders, the SmolLM2 wheel and CUDA
-    devices. The flow's entry calls it in ``orchestration=local``; in ``pools`` mode each GPU stage calls it on its
-    worker (``stage`` names it in the message), so a CPU machine can start a GPU preset."""
+    devices (:func:`check_gpus`, with the plan's ``gpu_memory_gb`` when given). The flow's entry calls it in
+    ``orchestration=local``; in ``pools`` mode each GPU stage calls it on its worker (``stage`` names it in the
+    message), so a CPU machine can start a GPU preset."""
     here = f"stage {stage} on this worker" if stage else "this machine"
     needs_gpu = []
     for m in members:
@@ -934,42 +935,74 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
                   f"none: {no_cuda_reason(nvidia_driver())}",
                   "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
                   "on a CPU box.")
-        check_gpus(members, here=here)
+        check_gpus(members, here=here, gpu_memory_gb=gpu_memory_gb)
 
 
-def gpu_inventory() -> tuple[int, float | None]:
-    """(GPUs this process sees, the smallest one's memory in GB or None where ``nvidia-smi`` cannot say), read
-    without creating a CUDA context here (torch counts through NVML; the memory comes from ``nvidia-smi``)."""
+@dataclass(frozen=True)
+class GpuInventory:
+    """The GPUs a worker sees: how many, the smallest one's memory in GiB (the planner's unit, 2**30 bytes) and their
+    compute modes; ``memory_gb`` None and ``compute_modes`` empty where ``nvidia-smi`` cannot say."""
+
+    count: int
+    memory_gb: float | None = None
+    compute_modes: tuple[str, ...] = ()
+
+
+def gpu_inventory() -> GpuInventory:
+    """This worker's :class:`GpuInventory`, read without creating a CUDA context here (torch counts through NVML;
+    memory and compute modes from ``nvidia-smi``, asked for the devices ``CUDA_VISIBLE_DEVICES`` names, which it
+    does not read itself)."""
     import subprocess
 
     import torch
 
     count = torch.cuda.device_count()
+    query = ["nvidia-smi", "--query-gpu=memory.total,compute_mode", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        query.append(f"--id={visible}")
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-        memory = min(float(v) for v in out.stdout.split()) * (1 << 20) / 1e9 if out.returncode == 0 else None
-    except (OSError, ValueError, subprocess.SubprocessError):
-        memory = None
-    return count, memory
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30)
+        rows = [[v.strip() for v in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+        if out.returncode != 0 or not rows:
+            return GpuInventory(count)
+        return GpuInventory(count, min(float(r[0]) for r in rows) / 1024, tuple(r[1] for r in rows))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return GpuInventory(count)
 
 
 def check_gpus(members: list[AgentConfig], *, here: str = "this machine", gpu_memory_gb: float | None = None,
-               inventory: tuple[int, float | None] | None = None) -> None:
-    """The GPUs the plan placed the agents on (``gpu_ids``, indices into the GPUs the worker sees) exist here and, with
-    ``gpu_memory_gb`` (the plan's), are as large as planned; else one paragraph naming the ``plan.*`` settings.
-    ``inventory``: this machine's :func:`gpu_inventory`."""
+               inventory: GpuInventory | None = None) -> None:
+    """The GPUs the plan placed the agents on (``gpu_ids``, indices into the GPUs the worker sees) exist here, are
+    shared between processes (compute mode Default: a sleeping engine keeps its CUDA context while the update's
+    ranks make theirs on the same GPUs) and, with ``gpu_memory_gb`` (the plan's), are as large as planned; else one
+    paragraph naming what to change. ``inventory``: this machine's :func:`gpu_inventory`."""
     placed = max((i for m in members if m.device.startswith("cuda") for i in m.gpu_ids), default=-1) + 1
     if not placed:
         return
-    count, memory = inventory if inventory is not None else gpu_inventory()
-    if count < placed:
-        _fail(f"the plan places agents on {placed} GPUs of a node, but {here} sees {count}",
-              f"Plan for the machine: plan.gpus_per_node={count} (and plan.nodes, plan.gpu_name, plan.gpu_memory_gb); "
-              "a worker must see all of its node's GPUs (docs/team.md, section 7).")
+    inventory = inventory if inventory is not None else gpu_inventory()
+    if inventory.count < placed:
+        _fail(f"the plan places agents on {placed} GPUs of a node, but {here} sees {inventory.count}",
+              f"Plan for the machine: plan.gpus_per_node={inventory.count} (and plan.nodes, plan.gpu_name, "
+              "plan.gpu_memory_gb); a worker must see all of its node's GPUs (docs/team.md, section 7).")
+    check_gpu_memory(gpu_memory_gb, here=here, inventory=inventory)
+
+
+def check_gpu_memory(gpu_memory_gb: float | None, *, here: str = "this machine",
+                     inventory: GpuInventory | None = None) -> None:
+    """The worker's GPUs take more than one process each (compute mode Default) and, with ``gpu_memory_gb`` (the
+    plan's, GiB), hold at least 97% of it; else one paragraph naming what to change."""
+    inventory = inventory if inventory is not None else gpu_inventory()
+    exclusive = sorted({m for m in inventory.compute_modes if m.lower() != "default"})
+    if exclusive:
+        _fail(f"{here}'s GPUs are in compute mode {', '.join(exclusive)}: an agent's engine keeps its CUDA context "
+              "while it sleeps, so the update's ranks could not use the same GPUs",
+              "Ask for GPUs in compute mode Default (an administrator's nvidia-smi -c DEFAULT; some schedulers offer "
+              "it as a job option); docs/gpu.md.")
+    memory = inventory.memory_gb
     if gpu_memory_gb is not None and memory is not None and memory < 0.97 * gpu_memory_gb:
-        _fail(f"the plan is for GPUs of {gpu_memory_gb:g} GB, but {here}'s have {memory:.0f} GB: the updates would run "
-              "out of memory after the rollout",
+        _fail(f"the plan is for GPUs of {gpu_memory_gb:g} GB, but {here}'s have {memory:.1f} GB: the updates would "
+              "run out of memory after the rollout",
               f"Plan for the machine: plan.gpu_memory_gb={int(memory)} and plan.gpu_name (flows/plan.py shows the "
               "layout that fits, e.g. an offload profile).")
 

@@ -11,6 +11,7 @@ every backend fresh.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,8 @@ from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineEr
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
 from pipeline.stage import StageContext
+
+log = logging.getLogger(__name__)
 
 
 class EnginePool:
@@ -133,10 +136,16 @@ def node_services_dir(ctx: StageContext) -> Path:
 
 
 def release(runners: dict) -> None:
-    """After a stage's generation: every engine it used frees its accelerator for the next stage (the update)."""
+    """After a stage's generation: every engine it used frees its accelerator for the next stage (the update). An
+    engine that fails to sleep is logged, not raised: the stage's finished trees are kept (a re-run would generate
+    them again), and the update that needs the memory fails on its own if it is still taken."""
     for backend in {id(r.backend): r.backend for r in runners.values()}.values():
         if isinstance(backend, SleepingBackend):
-            backend.sleep()
+            try:
+                backend.sleep()
+            except Exception as e:  # noqa: BLE001 - any engine failure: the stage's work stands
+                log.warning("an engine failed to sleep after generating (%s: %s); its accelerator memory may still "
+                            "be taken", type(e).__name__, e)
 
 
 def starts_of(backend) -> int:

@@ -56,7 +56,7 @@ def flow_session(cfg: RunConfig, *, kind: str, run_name: str, title: str, dispat
                        fail_at=cfg.debug.fail_at, progress_every_s=cfg.progress_every_s, cpus=cfg.cpus,
                        engine_pools=owner_pools(cfg.orchestration, cfg.agents.owners) if dispatch else {},
                        node_update_ranks=concurrent_update_ranks(cfg.orchestration, cfg.agents.owners)
-                       if dispatch else {})
+                       if dispatch else {}, gpu_memory_gb=cfg.plan.gpu_memory_gb)
     use_cpu_budget(ctx.cpus)
     # the same command again resumes its failed MLflow run, and logs no new run when every stage comes from cache
     sweep = [t.removeprefix("sweep-") for t in flow_run.tags if t.startswith("sweep-")]

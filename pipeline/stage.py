@@ -64,6 +64,9 @@ class StageContext:
     # weight owner -> the ranks of every update that runs at the same time on its node, its own included (pools mode:
     # a cycle's updates run at once); empty: an update has its node's cores to itself (local mode: one at a time)
     node_update_ranks: dict[str, int] = field(default_factory=dict)
+    # the plan's GPU memory (plan.gpu_memory_gb, GiB): each GPU stage's worker checks its GPUs hold it (pools mode: the
+    # flow's machine could not); None: no check
+    gpu_memory_gb: float | None = None
     # the run's generation engines on this machine (a pipeline.engines.EnginePool, opened by the flow or the stage flow
     # run; it never leaves the process); None: every backend is loaded fresh
     engines: Any = field(default=None, compare=False, repr=False)

@@ -44,17 +44,18 @@ def in_process_device(member: AgentConfig) -> str:
 
 
 def load_backend(member: AgentConfig, weight_records: dict[str, StageRecord], agents: StageRecord, *, batch_size: int,
-                 backend: BackendConfig | None = None, threads: int = 0, pool: EnginePool | None = None):
+                 backend: BackendConfig | None = None, threads: int = 0, pool: EnginePool | None = None,
+                 gpu_memory_gb: float | None = None):
     """(generation backend, tokenizer) for an agent, on the device its config names, with the weights of its owner in
     ``weight_records[owner]`` (each owner's latest record that hands on weights); ``backend``: the engine
     settings (vLLM's, and whether the run's engine pool serves it); ``threads``: torch threads of a CPU engine
     process (0: torch's default); ``pool``: the run's engines (None: a fresh backend, not counted).
 
-    Checks this worker first (model folder, CUDA) for an engine of its own: in ``orchestration=pools`` the flow's
-    machine did not."""
+    Checks this worker first (model folder, CUDA, GPUs of the plan's ``gpu_memory_gb``) for an engine of its own: in
+    ``orchestration=pools`` the flow's machine did not."""
     owner = member.owner
     if pool is None or owner not in pool.remote:  # an engine on another node: that node's engine start checks it
-        check_machine([member], stage="rollout/evaluation")
+        check_machine([member], stage="rollout/evaluation", gpu_memory_gb=gpu_memory_gb)
     generator, tok = _load_backend(member, owner, weight_records, agents, batch_size=batch_size, backend=backend,
                                    pool=pool, threads=threads)
     if pool is not None and not isinstance(generator, EngineClient):
@@ -123,7 +124,8 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
         if owner not in loaded:
             loaded[owner] = load_backend(next(x for x in members if x.name == owner), weight_records, agents,
                                          batch_size=batch_size, backend=backend, pool=ctx.engines,
-                                         threads=threads if m.device.startswith("cpu") else 0)
+                                         threads=threads if m.device.startswith("cpu") else 0,
+                                         gpu_memory_gb=ctx.gpu_memory_gb)
         generator, tok = loaded[owner]
         runners[m.name] = AgentRunner(backend=generator, tokenizer=tok, role_prompt=m.role_prompt,
                                       chat_kwargs=dict(m.chat_template_kwargs))

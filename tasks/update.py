@@ -37,7 +37,8 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
     An update whose previous optimizer state was pruned (``train.keep_optimizer_states``) fails saying so.
     """
     owner = member.name
-    check_machine([member], stage=f"update/{owner}")  # pools mode: the flow's machine checked only the config
+    # pools mode: the flow's machine checked only the config
+    check_machine([member], stage=f"update/{owner}", gpu_memory_gb=ctx.gpu_memory_gb)
 
     def produce(out: Path) -> dict:
         from transformers import AutoTokenizer

@@ -241,13 +241,63 @@ def test_a_plan_for_other_gpus_than_the_machines_is_refused_before_anything_runs
     """The default plan is 8 GPUs of 141 GB a node: on a 4-GPU box the second agent's GPUs 4-7 do not exist (vLLM
     and torchrun fail late and obscurely), and on 80 GB cards the 14B update runs out of memory after hours of
     rollout. Both are refused at once, naming the plan.* settings."""
-    from mars2.config import ConfigError, check_gpus
+    from mars2.config import ConfigError, GpuInventory, check_gpus
 
     owners = _compose("heterogeneous_14b", paper_data).agents.owners
     assert max(i for m in owners for i in m.gpu_ids) == 7
-    check_gpus(owners, gpu_memory_gb=141, inventory=(8, 150.0))  # an H200 node: as planned
+    h200, h100 = 143771 / 1024, 81559 / 1024  # nvidia-smi's MiB of each card, in the planner's GiB
+    check_gpus(owners, gpu_memory_gb=141, inventory=GpuInventory(8, h200, ("Default",) * 8))  # as planned
     with pytest.raises(ConfigError, match=r"8 GPUs of a node, but this machine sees 4.*plan.gpus_per_node=4"):
-        check_gpus(owners, gpu_memory_gb=141, inventory=(4, 150.0))
-    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but this machine's have 85 GB.*plan.gpu_memory_gb=85"):
-        check_gpus(owners, gpu_memory_gb=141, inventory=(8, 85.0))
-    check_gpus(owners, gpu_memory_gb=141, inventory=(8, None))  # no nvidia-smi: the count alone
+        check_gpus(owners, gpu_memory_gb=141, inventory=GpuInventory(4, h200))
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but this machine's have 79.6 GB.*plan.gpu_memory_gb=79 "):
+        check_gpus(owners, gpu_memory_gb=141, inventory=GpuInventory(8, h100))
+    check_gpus(owners, gpu_memory_gb=80, inventory=GpuInventory(8, h100))  # docs/gpu.md's H100 plan
+    check_gpus(owners, gpu_memory_gb=141, inventory=GpuInventory(8))  # no nvidia-smi: the count alone
+    with pytest.raises(ConfigError, match=r"compute mode Exclusive_Process.*Default"):
+        check_gpus(owners, gpu_memory_gb=141, inventory=GpuInventory(8, h200, ("Default", "Exclusive_Process")))
+
+
+def test_the_gpu_inventory_reads_the_visible_gpus_in_gib(tmp_path, monkeypatch):
+    """nvidia-smi reports MiB and ignores CUDA_VISIBLE_DEVICES: the inventory asks it for the visible devices and
+    converts to the planner's GiB (an H100's 81,559 MiB read 85.5 'GB' and the refusal advised a plan 5.4 GiB too
+    large per GPU)."""
+    from mars2.config import gpu_inventory
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nprintf '81559, Default\\n143771, Exclusive_Process\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    inventory = gpu_inventory()
+    assert inventory.memory_gb == pytest.approx(79.65, abs=0.01)
+    assert inventory.compute_modes == ("Default", "Exclusive_Process")
+    assert "--id=2,5" in calls.read_text()
+
+
+def test_in_pools_mode_each_gpu_worker_checks_its_gpus_hold_the_plan(tmp_path, monkeypatch):
+    """Pools mode (the multi-node layout) checked only the GPU count on its workers: a 141-GiB plan on 80-GB cards ran
+    the whole rollout and died in the update. The plan's memory travels in the stage context; the update, the
+    engines a stage loads and an engine served to another node each check it on their worker first."""
+    import mars2.config as config
+    from mars2.backends.engine import EngineSpec
+    from mars2.config import AgentConfig, BackendConfig, ConfigError, GpuInventory, check_machine
+    from pipeline.dispatch import serve_engine
+    from pipeline.stage import StageContext
+
+    h100 = GpuInventory(8, 81559 / 1024, ("Default",) * 8)
+    monkeypatch.setattr(config, "gpu_inventory", lambda: h100)
+    member = AgentConfig(name="a", model="tiny", device="cuda", gpu_ids=(0, 1))
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but stage update/a on this worker's have 79.6 GB"):
+        check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=141)
+    check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=80)
+    spec = EngineSpec(agent="a", model_dir=str(tmp_path), tokenizer_dir=str(tmp_path), version="v0", device="cuda")
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but node .* \(engine of a\)'s have 79.6 GB"):
+        serve_engine(StageContext(root=str(tmp_path), gpu_memory_gb=141), spec, BackendConfig())
+    import torch
+
+    from pipeline.weights import agent_runners
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but stage rollout/evaluation on this worker's have 79.6"):
+        agent_runners([member], {}, None, batch_size=1, ctx=StageContext(root=str(tmp_path), gpu_memory_gb=141))
