@@ -50,11 +50,19 @@ def _processes_of(home: Path) -> list[int]:
     return found
 
 
-def _none_left(home: Path, timeout_s: float = 60.0) -> list[int]:
+def _none_left(home: Path, timeout_s: float = 60.0) -> list[str]:
+    """The run's processes still there after ``timeout_s`` (pid and command line each), for the failure message."""
     deadline = time.monotonic() + timeout_s
     while _processes_of(home) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return _processes_of(home)
+    left = []
+    for pid in _processes_of(home):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            left.append(f"{pid}: {command[:300]}")
+        except OSError:
+            continue
+    return left
 
 
 def test_a_cycle_on_vllm_engines_runs_whole_then_a_failed_one_leaves_nothing(tmp_path):
