@@ -718,6 +718,20 @@ def test_host_wide_kernel_counters_tell_a_program_nothing(pool):
     assert verdict.all_passed, verdict.detail
 
 
+def test_a_program_cannot_read_the_hosts_free_memory(pool):
+    """``sysinfo(2)`` gave the host's free RAM (and load averages, process count): a program sampling it every
+    millisecond saw the judge process parse its wrong answer (a dip of ~55 MB against ~22 MB after a right one,
+    p = 0.008 over 8 + 8 copies, even with a judge core). It is refused at every level."""
+    code = textwrap.dedent("""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        buffer = ctypes.create_string_buffer(256)
+        print(libc.sysinfo(buffer), ctypes.get_errno(), buffer.raw == bytes(256))
+        """)
+    [verdict] = grade_many([GradeJob(code, (Case("", "-1 1 True"),))], pool=pool)
+    assert verdict.all_passed, verdict.detail
+
+
 DETACHED_WORKER = """
     import ctypes, os, time
     if {stop_reaping}:                  # give up being the reaper of our orphans: they would go to the zygote
