@@ -985,10 +985,10 @@ def check_gpus(members: list[AgentConfig], *, here: str = "this machine", gpu_me
         _fail(f"the plan places agents on {placed} GPUs of a node, but {here} sees {inventory.count}",
               f"Plan for the machine: plan.gpus_per_node={inventory.count} (and plan.nodes, plan.gpu_name, "
               "plan.gpu_memory_gb); a worker must see all of its node's GPUs (docs/team.md, section 7).")
-    check_gpu_memory(gpu_memory_gb, here=here, inventory=inventory)
+    check_gpu_fit(gpu_memory_gb, here=here, inventory=inventory)
 
 
-def check_gpu_memory(gpu_memory_gb: float | None, *, here: str = "this machine",
+def check_gpu_fit(gpu_memory_gb: float | None, *, here: str = "this machine",
                      inventory: GpuInventory | None = None) -> None:
     """The worker's GPUs take more than one process each (compute mode Default) and, with ``gpu_memory_gb`` (the
     plan's, GiB), hold at least 97% of it; else one paragraph naming what to change."""

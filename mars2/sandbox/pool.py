@@ -538,7 +538,8 @@ class HeldOutputs:
         return payload
 
     def drop(self, runs: queue.SimpleQueue) -> None:
-        """Close what was spooled for the ``(index, run)`` items left in ``runs`` (never taken)."""
+        """Give back what the ``(index, run)`` items left in ``runs`` (never taken) hold: their share of the memory
+        budget, their spooled files."""
         while not runs.empty():
             item = runs.get()
             if isinstance(item, tuple):
