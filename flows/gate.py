@@ -23,7 +23,7 @@ if __name__ == "__main__":  # a bad override fails before the imports below
     from pipeline.checkpoints import require_given_checkpoints
     from pipeline.cli import check_first
 
-    check_first(sys.argv[1:], require_given_checkpoints, config_name=CONFIG_NAME, check_fit=False, dispatch=False)
+    check_first(sys.argv[1:], require_given_checkpoints, config_name=CONFIG_NAME, updates=False, dispatch=False)
 configure_process(temporary_server=__name__ == "__main__")  # before Prefect/MLflow/transformers load (pipeline/runtime.py)
 import hydra
 from omegaconf import DictConfig
@@ -37,7 +37,7 @@ from pipeline.session import checkpoints_of, flow_session, team_weights
 
 
 def compose_gate(overrides: list[str]) -> RunConfig:
-    return compose_run(overrides, config_name=CONFIG_NAME, check_fit=False, dispatch=False)  # no update to fit
+    return compose_run(overrides, config_name=CONFIG_NAME, updates=False, dispatch=False)  # no update to fit
 
 
 @flow(name="refine-gate")

@@ -3,6 +3,9 @@
     python flows/plan.py agents=heterogeneous_32b                 # 3 nodes x 8 H200 (conf/plan/default.yaml)
     python flows/plan.py agents=heterogeneous_14b plan.gpu_memory_gb=80 plan.nodes=1
     python flows/plan.py agents=tiny_cpu                          # CPU agents: parameters and host memory
+    python flows/plan.py --config-name evaluate agents=heterogeneous_14b plan.gpu_memory_gb=80 plan.nodes=1
+
+The last plans what flows/evaluate.py runs: no update, so only the engines must fit (a layout may be smaller).
 
 Builds every agent's model on the ``meta`` device from its config.json (the model folder's, else the copy
 shipped in mars2/plan/model_configs/), and prints per agent: parameters, ZeRO memory per GPU (DeepSpeed's
@@ -30,8 +33,9 @@ from pipeline.config import compose_run
 def main(_: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    config_name = HydraConfig.get().job.config_name
     try:
-        run = compose_run(list(HydraConfig.get().overrides.task), planning=True)
+        run = compose_run(list(HydraConfig.get().overrides.task), config_name=config_name, planning=True)
     except ConfigError as e:
         sys.exit(f"mars2: config error: {e}")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # only DeepSpeed's estimators run here: no device probing
@@ -42,7 +46,7 @@ def main(_: DictConfig) -> None:
     from mars2.plan.render import render
 
     try:
-        result = plan(run)
+        result = plan(run, updates=config_name != "evaluate")
     except ModelConfigNotFound as e:
         sys.exit(f"mars2: plan: {e}")
     render(result, Console(width=None if sys.stdout.isatty() else 140))

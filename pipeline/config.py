@@ -75,14 +75,15 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config",
-                check_fit: bool = True, dispatch: bool = True, **resolve_kwargs: Any) -> RunConfig:
+                updates: bool = True, dispatch: bool = True, **resolve_kwargs: Any) -> RunConfig:
     """The run config of a list of Hydra overrides: what the CLI, a deployment and a sweep all run
     (``config_name``: ``config`` for training, ``evaluate`` for flows/evaluate.py).
 
     A run with agents on GPUs is placed by the plan (:func:`place_run`): each member's ``node`` and ``gpu_ids`` are
-    where its engines and update run. With ``check_fit`` (training) it must also fit the cluster ``plan`` describes
-    (:func:`mars2.plan.require_fit`, the layout the trainer and engines really build): a preset the planner refuses
-    stops here, before anything starts. An evaluation does no update, so it passes ``check_fit=False``.
+    where its engines and update run. It must fit the cluster ``plan`` describes (:func:`mars2.plan.require_fit`, the
+    layout the trainer and engines really build): a preset the planner refuses stops here, before anything starts.
+    ``updates=False`` (evaluation, the gate: no update) fits the engines alone, so such a run may take a smaller
+    layout than its training would.
     ``dispatch=False`` (the evaluate and gate flows, whose stages all run in the flow's process): the agents must
     share a node, whatever ``orchestration.node_pools`` says."""
     run = resolve(load_cfg(overrides, config_name=config_name), **resolve_kwargs)
@@ -92,7 +93,7 @@ def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str
                           f"{list(run.orchestration.node_pools)}, agents' node). Drop orchestration.node_pools and "
                           "agents.members.N.node for it (the train flow is the one that runs on several nodes).")
     if not resolve_kwargs.get("planning") and any(m.device.startswith("cuda") for m in run.agents.members):
-        run = place_run(run, check_fit=check_fit)
+        run = place_run(run, updates=updates)
         if run.orchestration.mode != "pools":
             check_gpus(run.agents.members, gpu_memory_gb=run.plan.gpu_memory_gb)  # this machine runs every stage
     return run
@@ -123,9 +124,9 @@ def override_label(overrides: list[str] | tuple[str, ...]) -> str:
                     and not override_key(o).startswith(("hydra.", "debug.")))
 
 
-def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
-    """``run`` placed by its plan (:func:`mars2.plan.placement.place`), after :func:`mars2.plan.require_fit` with
-    ``check_fit``. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)
+def place_run(run: RunConfig, *, updates: bool = True) -> RunConfig:
+    """``run`` placed by its plan (``mars2.plan.plan(run, updates=updates)``, :func:`mars2.plan.placement.place`),
+    after :func:`mars2.plan.require_fit`. A model whose config.json only the GPU workers have (a custom model in ``orchestration=pools``)
     cannot be planned here: that run goes on unplaced (its engines and update take the worker's first GPUs), with a
     warning, unless it names node pools (a run on several nodes is placed by its plan or not at all). The plan's
     own warnings (e.g. ZeRO-3 on one GPU where ZeRO-2 fits) are logged too."""
@@ -133,7 +134,7 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     from mars2.plan.placement import place
 
     try:
-        cp = plan(run)
+        cp = plan(run, updates=updates)
     except ModelConfigNotFound as e:
         if run.orchestration.mode != "pools" or run.orchestration.node_pools:
             raise ConfigError(f"cannot plan the run: {e}") from None
@@ -144,9 +145,7 @@ def place_run(run: RunConfig, *, check_fit: bool = True) -> RunConfig:
     for agent in cp.agents:
         for w in agent.warnings:
             warn_in_flow_run(f"plan of {agent.name}: {w}")
-    if check_fit:
-        require_fit(cp)
-    return place(run, cp)
+    return place(run, require_fit(cp))
 
 
 def warn_in_flow_run(message: str, level: int = logging.WARNING) -> None:

@@ -320,7 +320,7 @@ def test_a_role_on_its_owners_node_by_default_or_by_name_is_accepted_and_one_pro
         == [None, 0]
     with pytest.raises(ConfigError, match="this flow runs every stage in its own process"):
         compose_run(["orchestration=pools", "orchestration.node_pools=[n0,n1]"], config_name="evaluate",
-                    check_fit=False, dispatch=False, cuda_available=False)
+                    updates=False, dispatch=False, cuda_available=False)
     with pytest.raises(ConfigError, match="cannot plan the run"):  # no plan, no placement on several nodes
         compose_run(["agents=heterogeneous_8b", "orchestration=pools", "orchestration.node_pools=[n0,n1]",
                      "agents.members.0.model=/nonexistent/custom-model", *paper_data])

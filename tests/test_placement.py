@@ -111,13 +111,34 @@ def test_an_agent_never_spans_nodes(paper_data):
         require_placeable(spread, ["a", "b", "c", "d"])
 
 
+def test_an_evaluation_fits_only_its_engines_and_may_take_a_smaller_layout_than_training(paper_data):
+    """heterogeneous_14b on one node of 8 GPUs of 80 GB: training fits neither 8 + 8 (one node) nor 4 + 4 (the update
+    needs 101 GB per GPU) and is refused; an evaluation, which runs no update, takes 4 + 4 (review 9 of the GPU
+    path, finding 4: it kept the preset's layout and refused the second agent)."""
+    one_node = ["agents=heterogeneous_14b", "orchestration=pools", "plan.gpu_memory_gb=80", "plan.nodes=1",
+                *paper_data]
+    with pytest.raises(PlanRefused, match="the update needs 101.0 GB per GPU on 4 GPU"):
+        compose_run(one_node)
+    run = compose_run(one_node, config_name="evaluate", updates=False, dispatch=False)
+    assert [(m.gpus, m.gpu_ids, m.tensor_parallel_size) for m in run.agents.members] == \
+        [(4, [0, 1, 2, 3], 4), (4, [4, 5, 6, 7], 4)]
+    cp = plan(resolve(load_cfg(one_node, config_name="evaluate"), planning=True), updates=False)
+    assert cp.fits and not cp.updates and [a.gpus_min for a in cp.agents] == [1, 1]
+    small = [*one_node, "plan.gpu_memory_gb=24"]  # 27.5 GB of weights: an engine needs TP 2
+    assert [a.gpus_min for a in plan(resolve(load_cfg(small, config_name="evaluate"), planning=True),
+                                     updates=False).agents] == [2, 2]
+    tiny = plan(resolve(load_cfg([*small, "plan.gpus_per_node=2"], config_name="evaluate"), planning=True),
+                updates=False)
+    assert not tiny.fits and "even without an update" in tiny.refusal() and "deepspeed" not in tiny.refusal()
+
+
 def test_a_plan_that_leaves_an_owner_without_gpus_or_ranks_is_refused_before_anything_starts(paper_data):
-    """An evaluation places a plan whose updates need not fit, but an engine with no GPUs of its own would see every
-    GPU, the other owner's too: refused. Ranks asked for (update_procs) that a halved layout cannot give rule that
-    layout out in the plan itself, not only at the entry."""
-    with pytest.raises(PlanRefused, match=r"no GPUs for \['areal_14b'\]"):
-        compose_run(["agents=heterogeneous_14b", "orchestration=pools", "plan.gpu_memory_gb=80", *paper_data],
-                    config_name="evaluate", check_fit=False, dispatch=False)
+    """An engine with no GPUs of its own would see every GPU, the other owner's too: refused, in an evaluation as in
+    training. Ranks asked for (update_procs) that a halved layout cannot give rule that layout out in the plan
+    itself, not only at the entry."""
+    with pytest.raises(PlanRefused, match="agent 'areal_14b': no room"):
+        compose_run(["agents=heterogeneous_14b", "orchestration=pools", "plan.nodes=1", "plan.gpus_per_node=1",
+                     *paper_data], config_name="evaluate", updates=False, dispatch=False)
     cp = plan(resolve(load_cfg(["agents=heterogeneous_8b", "plan.nodes=1", "agents.members.0.update_procs=8",
                                 *paper_data]), planning=True))
     assert not cp.fits and "update_procs=8 ranks need as many GPUs but it has 4" in cp.refusal()

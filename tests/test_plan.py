@@ -291,6 +291,16 @@ def test_cli_refuses_a_cluster_that_cannot_fit(tmp_path):
     assert "DOES NOT FIT" in out.stdout
 
 
+def test_cli_plans_an_evaluation_without_its_update(tmp_path):
+    """What flows/evaluate.py runs (--config-name evaluate) has no update to fit: one node of 80 GB GPUs that refuses
+    training heterogeneous_14b takes its evaluation on 4 + 4 GPUs, and says no update is planned."""
+    one_node = ("agents=heterogeneous_14b", "plan.gpu_memory_gb=80", "plan.nodes=1")
+    assert _cli(*one_node, tmp_path=tmp_path).returncode == 1
+    out = _cli("--config-name", "evaluate", *one_node, tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "node0:GPU4-7" in out.stdout and "no update is planned" in out.stdout and "plan: fits" in out.stdout
+
+
 def test_the_plan_is_the_update_the_engine_builds(no_models):
     """ZeRO-3 under zero.Init, the reference scored first and freed, the vocabulary projection in chunks: a 32B agent's
     update at the paper's 36K-token sequences fits an 80 GB GPU (its rollout needs TP 2 there)."""

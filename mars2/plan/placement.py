@@ -56,7 +56,7 @@ def place(run: RunConfig, cp: ClusterPlan) -> RunConfig:
     plan's, and every CUDA owner must have GPUs in the plan (:class:`~mars2.plan.PlanRefused`)."""
     require_placeable(cp, run.orchestration.node_pools)
     unplaced = [a.name for a in cp.agents if a.device == "cuda" and not a.update_spans]
-    if unplaced:  # an evaluation places a plan whose updates need not fit, but every engine needs its own GPUs
+    if unplaced:  # a plan that does not fit is refused first (require_fit); this holds for place() on its own
         raise PlanRefused(f"no GPUs for {unplaced}: {cp.refusal()}")
     gpus, nodes = owner_gpus(cp), owner_nodes(cp)
     planned = {a.name: a for a in cp.agents}

@@ -112,7 +112,7 @@ class AgentPlan:
     dtype: str
     profile: DeepSpeedProfile
     gpus: int  # configured (cuda agents with gpus=0 are planned as 1)
-    gpus_min: int | None  # fewest GPUs on which update and rollout fit with this profile (None: none does)
+    gpus_min: int | None  # fewest GPUs on which what the plan fits fits with this profile (None: none does)
     weights_bytes: int
     update: UpdateMemory
     zero_options: dict[str, int]  # per-GPU model states at ``gpus`` for each ZeRO option (DeepSpeed's estimators)
@@ -137,6 +137,7 @@ class ClusterPlan:
     reasons: list[str] = field(default_factory=list)  # cluster-level (host memory, not enough GPUs)
     node_per_agent: bool = False  # the layout's: each agent on nodes of its own (else packed)
     chosen: str = ""  # one line: the layout and tensor-parallel sizes :func:`plan` chose, and why ("": no GPU agent)
+    updates: bool = True  # the plan fits the update too (training); else only the engines (evaluation, the gate)
 
     @property
     def total_gpus(self) -> int:
@@ -150,12 +151,15 @@ class ClusterPlan:
         """One paragraph: which agents do not fit, why, and what to change."""
         c = self.cluster
         parts = [f"agent {a.name!r}: " + "; ".join(a.reasons) for a in self.agents if a.reasons] + self.reasons
+        change = ("Change the agents' gpus/deepspeed profile (agents.members.N.gpus=..., "
+                  "agents.members.N.deepspeed=zero3_bf16_offload), lower train.micro_batch, shorten "
+                  "search.max_new_tokens / plan.prompt_tokens, " if self.updates else
+                  "Change the agents' gpus (agents.members.N.gpus=...), shorten search.max_new_tokens / "
+                  "plan.prompt_tokens / backend.max_model_len, ")
         return (f"agents={self.preset} cannot fit {c.nodes} node(s) x {c.gpus_per_node} {c.gpu_name} "
-                f"({c.gpu_memory_gb:g} GB per GPU, {c.cpu_memory_gb:g} GB host memory per node). " + ". ".join(parts)
-                + ". Change the agents' gpus/deepspeed profile (agents.members.N.gpus=..., "
-                  "agents.members.N.deepspeed=zero3_bf16_offload), lower train.micro_batch, shorten search.max_new_tokens / "
-                  "plan.prompt_tokens, "
-                  "or describe a larger cluster (plan.nodes=..., plan.gpu_memory_gb=...).")
+                f"({c.gpu_memory_gb:g} GB per GPU, {c.cpu_memory_gb:g} GB host memory per node)"
+                f"{'' if self.updates else ' even without an update'}. " + ". ".join(parts)
+                + f". {change}or describe a larger cluster (plan.nodes=..., plan.gpu_memory_gb=...).")
 
 
 def deepspeed_profile(cfg: RunConfig, member: AgentConfig) -> DeepSpeedProfile:
@@ -287,14 +291,15 @@ def in_flight(cfg: RunConfig) -> int:
     return trees * per_tree
 
 
-def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, upd: UpdateMemory,
+def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, upd: UpdateMemory | None,
            roll: RolloutPlan, p: PlanConfig, n: int) -> tuple[list[str], list[str]]:
-    """(reasons it does not fit, warnings) for one agent on ``n`` GPUs (placement and host memory aside)."""
+    """(reasons it does not fit, warnings) for one agent on ``n`` GPUs (placement and host memory aside; ``upd``
+    None: no update to fit)."""
     reasons, warnings = [], []
     if not member.device.startswith("cuda"):
         return reasons, warnings
     gpu_bytes = int(p.gpu_memory_gb * GB)
-    if upd.gpu_bytes > gpu_bytes:
+    if upd is not None and upd.gpu_bytes > gpu_bytes:
         reasons.append(
             f"the update needs {_gb(upd.gpu_bytes)} GB per GPU on {n} GPU(s) ({profile.label} model states "
             f"{_gb(upd.states.gpu_bytes)} (the reference, {_gb(upd.reference_bytes)}, runs before and is freed) + activations "
@@ -333,25 +338,28 @@ def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, up
 
 
 def _evaluate(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: DeepSpeedProfile, n: int,
-              dtype_bytes: int, seq_len: int):
+              dtype_bytes: int, seq_len: int, updates: bool = True):
+    """(update memory, rollout plan, reasons, warnings) of one agent on ``n`` GPUs; without ``updates`` (a run that
+    only generates: evaluation, the gate) the update's memory is reported but decides nothing."""
     on_gpu = member.device.startswith("cuda")
     upd = update_memory(shape, profile, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len,
                         train=cfg.train, p=cfg.plan, on_gpu=on_gpu)
     tp = choose_tp(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len) \
         if on_gpu and member.backend == "vllm" else None
     roll = rollout_plan(shape, member, cfg, n=n, dtype_bytes=dtype_bytes, seq_len=seq_len, tp=tp)
-    reasons, warnings = _check(shape, member, profile, upd, roll, cfg.plan, n)
-    if on_gpu and upd.cpu_bytes > cfg.plan.cpu_memory_gb * GB:
+    reasons, warnings = _check(shape, member, profile, upd if updates else None, roll, cfg.plan, n)
+    if on_gpu and updates and upd.cpu_bytes > cfg.plan.cpu_memory_gb * GB:
         reasons.append(f"{profile.label} needs {_gb(upd.cpu_bytes)} GB host memory per node "
                        f"(DeepSpeed's estimate) but a node has {cfg.plan.cpu_memory_gb:g} GB")
     return upd, roll, reasons, warnings
 
 
 def min_gpus(shape: ModelShape, member: AgentConfig, cfg: RunConfig, profile: DeepSpeedProfile, *,
-             dtype_bytes: int, seq_len: int) -> int | None:
-    """Fewest GPUs (up to the whole cluster) on which this agent's update and rollout fit with its profile."""
+             dtype_bytes: int, seq_len: int, updates: bool = True) -> int | None:
+    """Fewest GPUs (up to the whole cluster) on which this agent's rollout, and with ``updates`` its update with its
+    profile, fit."""
     for n in range(1, cfg.plan.nodes * cfg.plan.gpus_per_node + 1):
-        if not _evaluate(shape, member, cfg, profile, n, dtype_bytes, seq_len)[2]:
+        if not _evaluate(shape, member, cfg, profile, n, dtype_bytes, seq_len, updates)[2]:
             return n
     return None
 
@@ -411,16 +419,19 @@ def reachable_nodes(cfg: RunConfig) -> int:
     return max(1, min(cfg.plan.nodes, len(cfg.orchestration.node_pools)))
 
 
-def plan(cfg: RunConfig) -> ClusterPlan:
+def plan(cfg: RunConfig, *, updates: bool = True) -> ClusterPlan:
     """The resource plan of ``cfg`` on the nodes of the cluster ``cfg.plan`` describes that the run reaches
     (:func:`reachable_nodes`): the preset's layout (each agent's ``gpus``, ``plan.node_per_agent``) where it fits,
     else the first that fits of the preset's GPU counts halved, quartered, ... (at least 1), a node per agent first
     where the preset asks for it, then packed; else the preset's layout with its reasons. Each vLLM agent's
-    tensor-parallel size is :func:`choose_tp`'s. ``ClusterPlan.chosen`` says in one line what was chosen and why."""
+    tensor-parallel size is :func:`choose_tp`'s. ``ClusterPlan.chosen`` says in one line what was chosen and why.
+
+    "Fits" is the engines' and the update's memory with ``updates`` (a training run); without (a run that only
+    generates: evaluation, the gate) the engines' alone, so such a run may take a smaller layout than training."""
     nodes = reachable_nodes(cfg)
     cuda = [m for m in cfg.agents.owners if m.device.startswith("cuda")]
     asked = {m.name: max(1, m.gpus) for m in cuda}
-    given = _layout(cfg, asked, cfg.plan.node_per_agent, nodes)
+    given = _layout(cfg, asked, cfg.plan.node_per_agent, nodes, updates)
     if not cuda or (given.fits and not _split(given)):
         given.chosen = _chosen(given, "as the preset asks") if cuda else ""
         return given
@@ -428,7 +439,7 @@ def plan(cfg: RunConfig) -> ClusterPlan:
     while True:
         gpus = {name: max(1, g // k) for name, g in asked.items()}
         for per_agent in dict.fromkeys((cfg.plan.node_per_agent, False)):
-            cp = _layout(cfg, gpus, per_agent, nodes)
+            cp = _layout(cfg, gpus, per_agent, nodes, updates)
             halved = halved or (cp if not per_agent else None)
             if cp.fits and not _split(cp):
                 cp.chosen = _chosen(cp, f"the preset's {_gpu_counts(asked)} GPUs"
@@ -478,8 +489,10 @@ def _chosen(cp: ClusterPlan, why: str) -> str:
     return "; ".join(parts) + f": {why}"
 
 
-def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: int) -> ClusterPlan:
-    """The plan of one layout: CUDA owner ``name`` on ``gpus[name]`` GPUs of the first ``nodes`` nodes."""
+def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: int,
+            updates: bool = True) -> ClusterPlan:
+    """The plan of one layout: CUDA owner ``name`` on ``gpus[name]`` GPUs of the first ``nodes`` nodes (``updates``:
+    as :func:`plan`)."""
     p = cfg.plan
     seq_len = p.prompt_tokens + cfg.search.max_new_tokens
     free = [[True] * p.gpus_per_node for _ in range(nodes)]
@@ -494,19 +507,21 @@ def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: i
         profile = deepspeed_profile(cfg, m)
         on_gpu = m.device.startswith("cuda")
         n = gpus[m.name] if on_gpu else 0
-        upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len)
-        if on_gpu and m.update_procs is not None and m.update_procs > n:
+        upd, roll, reasons, warnings = _evaluate(shape, m, cfg, profile, max(1, n), dtype_bytes, seq_len, updates)
+        if on_gpu and updates and m.update_procs is not None and m.update_procs > n:
             reasons.append(f"update_procs={m.update_procs} ranks need as many GPUs but it has {n}")
-        if on_gpu and n == 1 and not reasons:
+        if on_gpu and updates and n == 1 and not reasons:
             warnings += one_gpu_zero2_hint(shape, m, members.index(m), cfg, profile, dtype_bytes, seq_len)
         if on_gpu and m.gpus < 1:
             warnings.insert(0, "gpus=0 on a CUDA device: planned as 1 GPU")
         zero_opts = _zero_options(shape, n, p) if on_gpu else {}
-        gmin = min_gpus(shape, m, cfg, profile, dtype_bytes=dtype_bytes, seq_len=seq_len) if on_gpu else None
+        gmin = min_gpus(shape, m, cfg, profile, dtype_bytes=dtype_bytes, seq_len=seq_len, updates=updates) \
+            if on_gpu else None
         if on_gpu and reasons:
-            reasons.append(f"with {profile.label} it needs at least {gmin} GPUs" if gmin is not None else
-                           f"with {profile.label} ({m.deepspeed or 'default profile'}) it fits on no number of GPUs "
-                           f"of this cluster")
+            what = f"with {profile.label}" if updates else "its engines"
+            reasons.append(f"{what} it needs at least {gmin} GPUs" if gmin is not None else
+                           f"{what} ({m.deepspeed or 'default profile'}) it fits on no number of GPUs of this cluster"
+                           if updates else f"{what} fit on no number of GPUs of this cluster")
         spans: list[Span] = []
         if on_gpu:
             spans = _place(n, free, node_per_agent) or []
@@ -515,7 +530,7 @@ def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: i
                 where = "on nodes of its own" if node_per_agent or n > p.gpus_per_node else "on one node"
                 reasons.append(f"no room: it needs {n} GPU(s) {where} but {left} of {nodes * p.gpus_per_node} "
                                "GPUs are left")
-            for node in sorted({s.node for s in spans}):
+            for node in sorted({s.node for s in spans}) if updates else ():
                 node_host[node] = node_host.get(node, 0) + upd.cpu_bytes
                 node_agents.setdefault(node, []).append(upd.cpu_bytes)
         if roll.backend == "vllm":
@@ -533,7 +548,7 @@ def _layout(cfg: RunConfig, gpus: dict[str, int], node_per_agent: bool, nodes: i
     used = sum(a.gpus for a in agents if a.update_spans)
     return ClusterPlan(cluster=p, preset=cfg.agents.preset, agents=agents, node_host_bytes=node_host, used_gpus=used,
                        gpu_memory_utilization=cfg.backend.gpu_memory_utilization, reasons=reasons,
-                       node_per_agent=node_per_agent)
+                       node_per_agent=node_per_agent, updates=updates)
 
 
 def _zero_options(shape: ModelShape, gpus: int, p: PlanConfig) -> dict[str, int]:

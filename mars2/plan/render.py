@@ -29,13 +29,18 @@ def agent_table(a: AgentPlan, cp: ClusterPlan) -> Table:
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
     _model_rows(t, a)
-    _update_rows(t, a, cp)
+    if cp.updates:
+        _update_rows(t, a, cp)
     _rollout_rows(t, a, cp)
-    if a.device == "cuda":
+    if a.device == "cuda" and cp.updates:
         need = a.gpus_min if a.gpus_min is not None else "none fits"
         t.add_row("GPUs", f"{a.gpus} configured, {need} needed with {a.profile.label}")
         t.add_row("placement", f"rollout {_spans(a.rollout.spans)}  ·  update {_spans(a.update_spans)} "
                                f"[dim](phases alternate on the same GPUs)[/dim]")
+    elif a.device == "cuda":
+        need = a.gpus_min if a.gpus_min is not None else "none fits"
+        t.add_row("GPUs", f"{a.gpus} configured, {need} needed by its engines (no update is planned)")
+        t.add_row("placement", f"rollout {_spans(a.rollout.spans)}")
     else:
         t.add_row("placement", "CPU (rollout and update in the flow's process)")
     for w in a.warnings:
@@ -115,10 +120,10 @@ def summary_table(cp: ClusterPlan) -> Table:
         kv = a.rollout.kv
         t.add_row(a.name, a.shape.name, fmt_params(a.shape.params), a.profile.label,
                   f"{a.gpus} ({a.gpus_min if a.gpus_min is not None else '—'})" if a.device == "cuda" else "cpu",
-                  _gb(a.update.gpu_bytes) if a.device == "cuda" else "—",
+                  _gb(a.update.gpu_bytes) if a.device == "cuda" and cp.updates else "—",
                   f"{kv.max_seqs:,}" if kv is not None else "—",
                   _spans(a.rollout.spans) if a.device == "cuda" else "cpu",
-                  _spans(a.update_spans) if a.device == "cuda" else "cpu",
+                  (_spans(a.update_spans) if cp.updates else "no update") if a.device == "cuda" else "cpu",
                   Text("yes", style="green") if a.fits else Text("NO", style="bold red"))
     return t
 
