@@ -32,12 +32,15 @@ class RateColumn(ProgressColumn):
 
 
 @contextmanager
-def stage_progress(label: str, unit: str, console: Console | None = None,
-                   every_s: float = 30.0) -> Iterator[Callable[..., None]]:
+def stage_progress(label: str, unit: str, console: Console | None = None, every_s: float = 30.0,
+                   note: str | None = None) -> Iterator[Callable[..., None]]:
     """``with stage_progress("rollout c0", "nodes") as advance: ... advance(done, total)``; a stage with phases
     keeps its one display and names the phase: ``advance(done, total, phase="hidden tests")``. Not on a terminal:
-    a plain progress line every ``every_s`` seconds (0: none)."""
+    a plain progress line every ``every_s`` seconds (0: none). ``note`` (e.g. what a resumed stage kept) is printed
+    once first, as ``label: note``."""
     console = console or Console(stderr=True)
+    if note:
+        console.print(f"{label}: {note}", markup=False, highlight=False, soft_wrap=True)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[unit]}"), RateColumn(), TimeElapsedColumn(), TextColumn("ETA"),
                TimeRemainingColumn())

@@ -46,7 +46,8 @@ class RunReport:
         mark = "[green]✓ ran   [/]" if ran else "[cyan]↺ cached[/]"
         took = f"{record.seconds:7.1f}s" if ran else "       -"
         when = f"cycle {cycle}" if cycle >= 0 else "before "
-        self.console.print(f"{mark} {when} [bold]{name:<22}[/] {took}  {record.key[:12]}")
+        resumed = f"  {record.meta['resumed']}" if ran and record.meta.get("resumed") else ""
+        self.console.print(f"{mark} {when} [bold]{name:<22}[/] {took}  {record.key[:12]}{resumed}")
         return record
 
     def cycle_done(self, cycle: int) -> None:

@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -249,29 +250,38 @@ def came_from_cache(record: StageRecord, ctx: StageContext) -> bool:
 
 
 def run_stage(stage: str, modules: tuple[str, ...], ctx: StageContext, parameters: dict[str, Any],
-              produce: Callable[[Path], dict[str, Any] | None],
-              reads: dict[str, tuple[str, ...]] | None = None) -> StageRecord:
+              produce: Callable[..., dict[str, Any] | None],
+              reads: dict[str, tuple[str, ...]] | None = None, *, journaled: bool = False) -> StageRecord:
     """Run ``produce(tmp_dir)`` into the stage's content-addressed folder and return its record.
 
     ``produce`` writes its files into the folder it is given and returns ``{"metrics": {...}, "meta": {...},
     "weights": {owner: AgentWeights}}`` (or None). If the folder already exists complete, it is reused as is:
     finished artefacts are never rewritten. ``files`` holds :func:`mars2.io.file_fingerprint` of every file (a full
-    sha256 below 64 MiB, size and both ends above: a weight shard is not read end to end).
+    sha256 below 64 MiB, size and both ends above: a weight shard is not read end to end). With ``journaled``,
+    ``produce(tmp_dir, journal)`` also gets the stage key's :class:`mars2.journal.Journal`, which outlives a
+    killed run and is removed once the folder is complete.
     """
     digest = stage_digest(stage, modules, parameters, reads)
     final = stage_dir(ctx.root, stage, digest)
+    from mars2.journal import Journal, journal_dir  # pyarrow: only when a stage runs
+
     if reusable(final, stage):
+        if journaled:  # a run killed between its folder's rename and the journal's removal
+            shutil.rmtree(journal_dir(final), ignore_errors=True)
         return StageRecord(**json.loads((final / MANIFEST).read_text()))
     if ctx.fail_at == stage:
         raise StageFault(f"fault injected in stage {stage!r} (debug.fail_at={stage})")
     start = time.perf_counter()
+    journal = Journal(journal_dir(final), digest) if journaled else None
     with atomic_dir(final) as tmp, _unfinished(stage):
-        out = produce(tmp) or {}
+        out = (produce(tmp, journal) if journal is not None else produce(tmp)) or {}
         record = StageRecord(stage=stage, key=digest, dir=str(final), files=folder_fingerprints(tmp),
                              metrics={k: float(v) for k, v in out.get("metrics", {}).items()},
                              meta=out.get("meta", {}), weights=out.get("weights", {}), flow_run_id=ctx.flow_run_id,
                              seconds=round(time.perf_counter() - start, 3))
         atomic_write_json(tmp / MANIFEST, dataclasses.asdict(record))
+    if journal is not None:
+        journal.close()
     # another run may have finished the same folder first; then its files, not ours, are the artefact
     return StageRecord(**json.loads((final / MANIFEST).read_text()))
 

@@ -24,6 +24,7 @@ from mars2.eval.run import SEARCH_READS
 from mars2.search.run import public_grader
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from mars2.journal import Journal
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
@@ -31,7 +32,8 @@ STAGE = "evaluation"
 # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
 # (mars2.eval.stats, mars2.eval.compare) do not change what an evaluation produces, so editing them must not re-run it.
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
-           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.weights")
+           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.weights",
+           "mars2.journal")
 
 
 # the search settings the evaluation trees take (and the engines' batch), the agents' generation fields
@@ -44,13 +46,16 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
              agents: StageRecord, dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
     """``samples.parquet``, ``eval_trees.parquet`` (every program with its public score and hidden verdict),
     ``results.parquet`` (one row per problem × who × kind × T+), ``summary.json``, ``by_difficulty.png``;
-    metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …)."""
+    metrics named as in :mod:`mars2.eval.report` (``<agent>/pass_at_1``, ``team/pass_at_1_mcts``, …).
+
+    Each problem's samples and each tree are kept in the stage's journal as they are finished, then the distinct
+    programs' hidden verdicts chunk by chunk: a killed evaluation run again with the same key redoes only the rest."""
 
     search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
 
-    def produce(out: Path) -> dict:
+    def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
-        from mars2.eval.run import evaluation_rollouts
+        from mars2.eval.run import evaluation_parts, evaluation_rollouts
         from mars2.rl.reward import unique_hidden_test_verdicts
 
         table = f"{evaluation.split}.parquet"
@@ -59,17 +64,26 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         frame = pool.set_index("id").loc[ids].reset_index()
         problems = problems_from_frame(frame)
         labels = frame[["id", "difficulty", "platform"]].rename(columns={"id": "problem_id"})
-        runners = agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
+        parts = evaluation_parts(evaluation, [m.name for m in members])
+        kept = {part: len(journal.finished(part)) for part in parts}
+        generated = all(n == len(problems) for n in kept.values())
+        note = (f"resumed {sum(kept.values())}/{len(parts) * len(problems)} problems' samples and trees"
+                if any(kept.values()) else None)
+        # all generated: no engine is loaded (the rollouts read every part back; the names still say which trees)
+        runners = dict.fromkeys(m.name for m in members) if generated else \
+            agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)  # its slots within the run's CPU budget
         with stage_progress(f"eval c{cycle}" if cycle >= 0 else "eval before", "programs",
-                            every_s=ctx.progress_every_s) as advance:
+                            every_s=ctx.progress_every_s, note=note) as advance:
             samples, trees = evaluation_rollouts(problems, evaluation, search, public_grader(sandbox), runners,
-                                                 lambda done, total: advance(done, total, phase="generate"))
-            release(runners)
+                                                 lambda done, total: advance(done, total, phase="generate"), journal)
+            if not generated:
+                release(runners)
             graded = unique_hidden_test_verdicts(pd.concat([samples.assign(kind="samples"),
                                                             trees.assign(kind="tree")], ignore_index=True),
                                                  {p.id: p for p in problems}, sandbox,
-                                                 progress=lambda done, total: advance(done, total, "hidden tests"))
+                                                 progress=lambda done, total: advance(done, total, "hidden tests"),
+                                                 journal=journal)
         public_only = sum(not p.hidden_tests for p in problems)
         graded = graded.merge(labels, on="problem_id", how="left")
         samples = graded[graded["kind"] == "samples"].drop(columns=["kind", "who", "tplus", "score"], errors="ignore")
@@ -86,6 +100,6 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
             "hidden_tests": "public tests stand in" if public_only else "hidden",
             "headline": headline(metrics).reset_index().to_dict(orient="records"), "metrics": metrics})
         plot_difficulty(results, out / "by_difficulty.png")
-        return {"metrics": metrics}
+        return {"metrics": metrics, "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)

@@ -15,6 +15,7 @@ from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, 
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, atomic_write_text, write_parquet
 from mars2.search.run import public_grader, search_sampling
+from mars2.journal import Journal
 from pipeline.engines import release
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
@@ -22,7 +23,7 @@ from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "gate"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
-           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "pipeline.weights")
+           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "pipeline.weights", "mars2.journal")
 # how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
 READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
          "members": GENERATION_FIELDS}
@@ -34,13 +35,16 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
                 dataset: StageRecord) -> StageRecord:
     """``attempts.parquet`` (every fresh program and refine attempt with its public score and hidden verdict),
     ``gate.parquet`` (:func:`mars2.eval.gate.gate_table`), ``refine_outcomes.parquet`` and ``gate.md``; metrics
-    ``passes``, ``<set>/{refine,fresh,delta,low,high,attempts}`` (logged as ``gate/...``)."""
+    ``passes``, ``<set>/{refine,fresh,delta,low,high,attempts}`` (logged as ``gate/...``).
+
+    Each generation phase and each chunk of hidden verdicts is kept in the stage's journal as it is done: a killed
+    gate run again with the same key redoes only the rest."""
 
     search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
 
-    def produce(out: Path) -> dict:
-        from mars2.eval.gate import gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes
-        from mars2.rl.reward import unique_hidden_test_verdicts
+    def produce(out: Path, journal: Journal) -> dict:
+        from mars2.eval.gate import ATTEMPTS, gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes
+        from mars2.rl.reward import HIDDEN, unique_hidden_test_verdicts
 
         pool = pd.read_parquet(dataset.path(f"{gate.split}.parquet"))
         ids = cycle_subset(pool["id"].tolist(), 0, gate.max_problems)
@@ -50,14 +54,18 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
                                 backend=backend, ctx=ctx)
         sandbox = ctx.grading(grading)
         sampling = search_sampling(search, seed=search.seed)
-        with stage_progress("gate", "programs", every_s=ctx.progress_every_s) as advance:
+        kept = len(journal.finished(ATTEMPTS)) + len(journal.finished(HIDDEN))
+        note = f"resumed {kept} finished phases and chunks" if kept else None
+        with stage_progress("gate", "programs", every_s=ctx.progress_every_s, note=note) as advance:
             attempts = gate_attempts(problems, runners, n_fresh=gate.n_fresh, n_pool=gate.n_pool,
                                      n_parents=gate.n_parents, sampling=sampling, grade=public_grader(sandbox),
                                      detailed_feedback=search.detailed_feedback,
-                                     progress=lambda done, total: advance(done, total, phase="generate"))
+                                     progress=lambda done, total: advance(done, total, phase="generate"),
+                                     journal=journal)
             release(runners)
             graded = unique_hidden_test_verdicts(attempts, {p.id: p for p in problems}, sandbox,
-                                                 progress=lambda done, total: advance(done, total, "hidden tests"))
+                                                 progress=lambda done, total: advance(done, total, "hidden tests"),
+                                                 journal=journal)
         table = gate_table(graded, n_boot=gate.n_boot, level=gate.level, seed=search.seed)
         outcomes = refine_outcomes(graded)
         write_parquet(out / "attempts.parquet", graded)
@@ -66,6 +74,6 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
         atomic_write_text(out / "gate.md", gate_markdown(table, outcomes))
         atomic_write_json(out / "summary.json", {"split": gate.split, "n_problems": len(problems),
                                                  "table": table.to_dict(orient="records")})
-        return {"metrics": gate_metrics(table)}
+        return {"metrics": gate_metrics(table), "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)

@@ -12,11 +12,13 @@ from mars2.io import write_parquet
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 from pipeline.engines import release
+from mars2.journal import Journal
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "rollout"
+TREES = "trees"  # the journal's part: one shard per finished tree
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
-           "pipeline.weights")
+           "pipeline.weights", "mars2.journal")
 
 
 READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate
@@ -30,25 +32,33 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, bac
     ``rotate=False`` the first window every cycle).
 
     ``trees.parquet``: one row per node (problem, node id, parent, depth, agent, prompt, response, code,
-    token ids, rollout log-probs, public-test verdict and score); ``trees.png``: a few trees."""
+    token ids, rollout log-probs, public-test verdict and score); ``trees.png``: a few trees.
+
+    Each tree is kept in the stage's journal as it is finished: a killed rollout run again with the same key keeps
+    its finished trees and builds only the others (a tree depends only on its problem and the seeds), and the table
+    is always assembled from the journal, so a resumed run writes what an uninterrupted one does."""
 
     members = narrowed(members, READS["members"])
 
-    def produce(out: Path) -> dict:
-        from mars2.search.run import public_grader, run_search, search_sampling
+    def produce(out: Path, journal: Journal) -> dict:
+        from mars2.search.run import public_grader, resumable_search, search_sampling
         from mars2.search.tree_stats import plot_trees, tree_stats
 
         train = pd.read_parquet(dataset.path("train.parquet"))
         ids = cycle_subset(train["id"].tolist(), cycle, max_problems, rotate)
         problems = problems_from_frame(train.set_index("id").loc[ids].reset_index())
-        runners = agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend, ctx=ctx)
+        resumed = len(journal.finished(TREES).keys() & {p.id for p in problems})
+        note = f"resumed {resumed}/{len(problems)} trees" if resumed else None
+        runners = agent_runners(members, weight_records, agents, batch_size=search.batch_size, backend=backend,
+                                ctx=ctx) if resumed < len(problems) else {}
         sampling = search_sampling(search, seed=search.seed + 7919 * cycle)
-        with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s) as advance:
+        with stage_progress(f"rollout c{cycle}", "nodes", every_s=ctx.progress_every_s, note=note) as advance:
             grade = public_grader(ctx.grading(grading))  # its slots within the run's CPU budget
-            nodes = pd.DataFrame(run_search(problems, runners, search, sampling, grade, advance))
+            nodes = resumable_search(problems, runners, search, sampling, grade, journal, TREES, advance)
         release(runners)
         write_parquet(out / "trees.parquet", nodes)
         plot_trees(nodes, out / "trees.png")
-        return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)}}
+        return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)},
+                "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)

@@ -277,3 +277,21 @@ def test_every_search_score_the_config_allows_has_a_signal():
     from mars2.search.tree_search import SIGNALS
 
     assert sorted(SIGNALS) == sorted(SEARCH_SCORES)
+
+
+def test_a_window_of_trees_in_flight_finishes_trees_all_along_and_builds_the_same_trees(setup):
+    """trees_in_flight=1: one tree at a time, each handed to on_tree as it is finished and before the next starts; the
+    trees are those of all at once (a tree depends on its seeds, not on which trees share the engine)."""
+    problems, agents, rows, _, grade = setup
+    streaming = {n: AgentRunner(a.backend.inner, a.tokenizer, a.role_prompt) for n, a in agents.items()}
+    finished, progress = [], []
+    again = run_tree_search(problems, streaming, policy=ABMCTSA(), max_nodes=4, grade=grade, seed=0,
+                            sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=1), trees_in_flight=1,
+                            on_tree=lambda pid, tree: finished.append((pid, len(tree), progress[-1][0])),
+                            progress=lambda done, total: progress.append((done, total)))
+    # tree i is handed on when its 4th node is told (before that node's progress): 4i + 3 nodes were built before
+    assert finished == [(p.id, 4, 4 * i + 3) for i, p in enumerate(problems)]
+    same_trees(pd.DataFrame(again), pd.DataFrame(rows))
+    with pytest.raises(ValueError, match="trees_in_flight must be >= 0"):
+        run_tree_search(problems, streaming, policy=ABMCTSA(), max_nodes=4, grade=grade, trees_in_flight=-1,
+                        sampling=SamplingParams(seed=1))

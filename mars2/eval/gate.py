@@ -38,23 +38,27 @@ import pandas as pd
 from mars2.backends.base import SamplingParams, request_seed
 from mars2.data.schema import Problem
 from mars2.eval.stats import bootstrap_mean, paired_bootstrap
+from mars2.journal import Journal, kept_or_made
 from mars2.search.prompts import extract_code, refine_prompt, result_summary
 from mars2.search.sampling import run_independent_sampling
 from mars2.search.tree_search import AgentRunner, GradeFn, public_score
 
+ATTEMPTS = "attempts"  # the journal's part of the gate's generation phases
 ATTEMPT_COLUMNS = ("problem_id", "node_id", "kind", "agent", "author", "parent", "code", "public_status",
                    "public_passed", "public_total", "score", "response_len")
 
 
 def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], *, n_fresh: int, n_parents: int,
                   sampling: SamplingParams, grade: GradeFn, n_pool: int | None = None, detailed_feedback: bool = False,
-                  progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                  progress: Callable[[int, int], None] | None = None, journal: Journal | None = None) -> pd.DataFrame:
     """Every baseline program, every pool program and every refine attempt, one row each (:data:`ATTEMPT_COLUMNS`),
     scored on the public tests. ``node_id`` numbers a problem's rows: fresh ones, then pool ones, then refines;
     ``kind`` is ``fresh``, ``pool`` or ``refine``; a refine row's ``author`` and ``parent`` name the pool row it refines
     (its agent and ``node_id``); other rows have ``author`` = ``agent`` and ``parent`` = −1. ``n_pool`` defaults to
     ``n_fresh``. Fresh programs draw on ``sampling.seed``, refines on seed + 1, the pool on seed + 2. ``progress`` is
-    told ``(programs generated, programs in all)``: the total grows once the parents are known."""
+    told ``(programs generated, programs in all)``: the total grows once the parents are known. With ``journal``,
+    each phase (the fresh programs, the pool, each agent's refines) is kept under ``attempts`` as it is done, and a
+    phase an earlier run of the stage key kept is not generated again."""
     n_pool = n_fresh if n_pool is None else n_pool
     if n_fresh < 1 or n_parents < 1 or n_pool < 1:
         raise ValueError(f"the gate needs n_fresh, n_pool and n_parents >= 1, got {n_fresh}, {n_pool} and {n_parents}")
@@ -66,8 +70,9 @@ def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner
             problems, runners, n_samples=n, sampling=dataclasses.replace(sampling, seed=seed), grade=grade,
             progress=None if progress is None else (lambda done, _t: progress(before + done, sampled_total))))
 
-    fresh = sample(n_fresh, sampling.seed, 0)
-    pool = sample(n_pool, sampling.seed + 2, n_fresh * len(problems) * len(runners))
+    fresh = kept_or_made(journal, ATTEMPTS, "fresh", lambda: sample(n_fresh, sampling.seed, 0))
+    pool = kept_or_made(journal, ATTEMPTS, "pool",
+                        lambda: sample(n_pool, sampling.seed + 2, n_fresh * len(problems) * len(runners)))
     pool["node_id"] += n_fresh * len(runners)
     failed = pool[pool["score"] < 1.0].groupby(["problem_id", "agent"], sort=False).head(n_parents)
     parents = list(failed.itertuples(index=False))
@@ -75,7 +80,10 @@ def gate_attempts(problems: Sequence[Problem], runners: Mapping[str, AgentRunner
     params = dataclasses.replace(sampling, n=1, seed=sampling.seed + 1)
     refines: list[dict[str, Any]] = []
     for k, (name, runner) in enumerate(runners.items()):
-        refines += refine_parents(name, runner, parents, by_id, params, grade, detailed_feedback)
+        made = kept_or_made(journal, ATTEMPTS, f"refine-{name}", lambda name=name, runner=runner: pd.DataFrame(
+            refine_parents(name, runner, parents, by_id, params, grade, detailed_feedback),
+            columns=[c for c in ATTEMPT_COLUMNS if c != "node_id"]))
+        refines += made.to_dict(orient="records")
         if progress is not None:
             progress(sampled_total + (k + 1) * len(parents), total)
     refine_rows = pd.DataFrame(refines, columns=[c for c in ATTEMPT_COLUMNS if c != "node_id"])

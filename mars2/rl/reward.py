@@ -8,6 +8,7 @@ import pandas as pd
 
 from mars2.config import GradingConfig
 from mars2.data.schema import Problem
+from mars2.journal import Journal, in_chunks
 
 
 def correctness_reward(all_passed: bool) -> float:
@@ -23,7 +24,7 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
 
     A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests: their count is
     ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
-    downstream cache breaks); their mean/max go to ``table.attrs["time_s"]``.
+    downstream cache breaks): each program's is in the list ``table.attrs["time_s"]``.
     """
     from mars2.data.checks import gradable
     from mars2.sandbox import GradeJob, grade_many
@@ -40,19 +41,29 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
     table["detail"] = [v.detail for v in verdicts]
     table["reward"] = [correctness_reward(v.all_passed) for v in verdicts]
     table.attrs["public_only"] = sum(not problems[pid].hidden_tests for pid in rows["problem_id"])
-    times = [v.time_s for v in verdicts] or [0.0]
-    table.attrs["time_s"] = {"mean": sum(times) / len(times), "max": max(times)}
+    table.attrs["time_s"] = [v.time_s for v in verdicts]
     return table
+
+
+HIDDEN = "hidden"  # the journal's part of a stage's distinct programs' hidden verdicts
 
 
 def unique_hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem],
                                 grading: GradingConfig, *,
-                                progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """:func:`hidden_test_verdicts` where each distinct (problem, program) runs once; ``rows`` keep their columns."""
+                                progress: Callable[[int, int], None] | None = None,
+                                journal: Journal | None = None, part: str = HIDDEN) -> pd.DataFrame:
+    """:func:`hidden_test_verdicts` where each distinct (problem, program) runs once; ``rows`` keep their columns.
+    With ``journal``, the distinct programs are graded in chunks kept under ``part`` (:func:`mars2.journal.in_chunks`):
+    a chunk an earlier run of the stage key kept is not graded again."""
     keys = rows[["problem_id", "code"]].drop_duplicates().reset_index(drop=True)
-    verdicts = hidden_test_verdicts(keys.assign(node_id=range(len(keys)), agent=""), problems, grading,
-                                    progress=progress)
-    verdicts = pd.concat([keys, verdicts[["status", "passed", "total", "reward"]]], axis=1)
+
+    def grade(chunk: pd.DataFrame, told: Callable[[int, int], None] | None) -> pd.DataFrame:
+        chunk = chunk.reset_index(drop=True)
+        verdicts = hidden_test_verdicts(chunk.assign(node_id=range(len(chunk)), agent=""), problems, grading,
+                                        progress=told)
+        return pd.concat([chunk, verdicts[["status", "passed", "total", "reward"]]], axis=1)
+
+    verdicts = in_chunks(journal, part, keys, grade, progress)[0] if journal is not None else grade(keys, progress)
     return rows.merge(verdicts, on=["problem_id", "code"], how="left", validate="many_to_one")
 
 

@@ -10,9 +10,12 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
+
 from mars2.backends.base import SamplingParams
 from mars2.config import GradingConfig, SearchConfig
 from mars2.data.schema import Problem
+from mars2.journal import Journal
 from mars2.search.tree_search import AgentRunner, GradeFn
 
 
@@ -44,18 +47,39 @@ def search_policy(search: SearchConfig):
 
 def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
                sampling: SamplingParams, grade: GradeFn,
-               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+               progress: Callable[[int, int], None] | None = None,
+               on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem,
     or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``). ``progress`` is told
-    ``(nodes built, nodes in all)`` as nodes are built."""
+    ``(nodes built, nodes in all)`` as nodes are built; ``on_tree(problem id, rows)`` as a problem's nodes are
+    finished."""
     from mars2.search.sampling import run_independent_sampling
     from mars2.search.tree_search import SIGNALS, run_tree_search
 
     signal = SIGNALS[search.score]
     if search.strategy == "independent":
         return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade,
-                                        signal=signal, progress=progress)
+                                        signal=signal, progress=progress, on_tree=on_tree)
     return run_tree_search(problems, runners, policy=search_policy(search), max_nodes=search.max_nodes,
                            sampling=sampling, grade=grade, seed=sampling.seed,
                            detailed_feedback=search.detailed_feedback, expansions_per_wave=search.expansions_per_wave,
-                           signal=signal, progress=progress)
+                           signal=signal, progress=progress, on_tree=on_tree,
+                           trees_in_flight=search.trees_in_flight)
+
+
+def resumable_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
+                     sampling: SamplingParams, grade: GradeFn, journal: Journal, part: str,
+                     progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """:func:`run_search` for the problems whose trees ``journal`` has not kept under ``part``, each tree kept as it
+    is finished; returns every problem's nodes, in problem order, as the journal holds them: the table is always
+    read back from the journal, so a resumed run's table is the one an uninterrupted run makes."""
+    from mars2.search.tree_search import NODE_COLUMNS
+
+    kept = journal.finished(part)
+    todo = [p for p in problems if p.id not in kept]
+    if todo:
+        run_search(todo, runners, search, sampling, grade, progress,
+                   on_tree=lambda pid, rows: journal.write(part, pid, pd.DataFrame(rows, columns=NODE_COLUMNS)))
+    trees = journal.finished(part)
+    return (pd.concat([trees[p.id] for p in problems], ignore_index=True) if problems
+            else pd.DataFrame(columns=NODE_COLUMNS))

@@ -18,9 +18,11 @@ from mars2.search.tree_search import PUBLIC, AgentRunner, GradeFn, SearchSignal,
 
 def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, n_samples: int,
                              sampling: SamplingParams, grade: GradeFn, signal: SearchSignal = PUBLIC,
-                             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+                             progress: Callable[[int, int], None] | None = None,
+                             on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """``n_samples`` programs per (problem, agent), graded and scored by ``signal`` like tree nodes; ``progress`` is told
-    ``(programs drawn, programs in all)`` after each agent's batch."""
+    ``(programs drawn, programs in all)`` after each agent's batch; ``on_tree(problem id, rows)`` once per problem
+    when all are graded (one batch per agent: nothing is finished before the end)."""
     drawn: dict[str, list[tuple[str, str, Generation, str | None]]] = {p.id: [] for p in problems}
     for k, (name, agent) in enumerate(agents.items()):
         texts = [agent.chat(generate_prompt(p)) for p in problems]
@@ -32,6 +34,10 @@ def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, A
             progress((k + 1) * n_samples * len(problems), len(agents) * n_samples * len(problems))
     flat = [(p, i, d) for p in problems for i, d in enumerate(drawn[p.id])]
     verdicts = grade([(code, signal.tests(p), p.func_name) for p, _, (_, _, _, code) in flat])
-    return [node_row(p.id, i, parent=ROOT, depth=1, agent=name, parent_agent=None, wave=0, prompt=text, generation=g,
+    rows = [node_row(p.id, i, parent=ROOT, depth=1, agent=name, parent_agent=None, wave=0, prompt=text, generation=g,
                      code=code, verdict=v, score=signal.score(v))
             for (p, i, (name, text, g, code)), v in zip(flat, verdicts, strict=True)]
+    if on_tree is not None:
+        for p in problems:
+            on_tree(p.id, [r for r in rows if r["problem_id"] == p.id])
+    return rows

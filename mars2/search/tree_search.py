@@ -14,6 +14,7 @@ of a static batch; the trees are the same either way.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 from collections.abc import Callable, Mapping, Sequence
@@ -89,18 +90,27 @@ class Round:
 def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
                     max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int = 0,
                     detailed_feedback: bool = False, expansions_per_wave: int = 1, signal: SearchSignal = PUBLIC,
-                    progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Build one ``max_nodes``-node tree per problem, each node graded and scored by ``signal``; returns one row per node (see :data:`NODE_COLUMNS`), by
-    problem then node id. A row's ``wave`` is the round of its tree that made it.
+                    progress: Callable[[int, int], None] | None = None,
+                    on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None,
+                    trees_in_flight: int = 0) -> list[dict[str, Any]]:
+    """Build one ``max_nodes``-node tree per problem, each node graded and scored by ``signal``; returns one row per
+    node (see :data:`NODE_COLUMNS`), by problem then node id. A row's ``wave`` is the round of its tree that made it.
+    ``on_tree(problem id, rows)`` is called as each tree is finished (a stage's journal keeps it).
+
+    ``trees_in_flight`` = W > 0 searches at most W trees at once, in problem order, the next starting as one
+    finishes (0: all at once): trees then finish all along the rollout instead of together at its end, and a tree's
+    nodes do not depend on W.
 
     ``expansions_per_wave`` = k asks per tree before the round's tells: k = 1 is sequential AB-MCTS-A; k > 1
     keeps k requests of a tree in flight at the price of k−1 selections that do not yet see each other's scores.
     """
     if expansions_per_wave < 1:
         raise ValueError(f"expansions_per_wave must be >= 1, got {expansions_per_wave}")
+    if trees_in_flight < 0:
+        raise ValueError(f"trees_in_flight must be >= 0 (0: all at once), got {trees_in_flight}")
     search = TreeSearch(problems, agents, policy=policy, max_nodes=max_nodes, sampling=sampling, grade=grade,
                         seed=seed, detailed_feedback=detailed_feedback, expansions_per_wave=expansions_per_wave,
-                        signal=signal, progress=progress)
+                        signal=signal, progress=progress, on_tree=on_tree, trees_in_flight=trees_in_flight)
     return search.run()
 
 
@@ -113,8 +123,12 @@ class TreeSearch:
 
     def __init__(self, problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
                  max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int, detailed_feedback: bool,
-                 expansions_per_wave: int, signal: SearchSignal, progress: Callable[[int, int], None] | None):
+                 expansions_per_wave: int, signal: SearchSignal, progress: Callable[[int, int], None] | None,
+                 on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None, trees_in_flight: int = 0):
         self.problems, self.agents, self.policy, self.grade, self.signal = problems, agents, policy, grade, signal
+        self.on_tree = on_tree
+        self.waiting = collections.deque(p.id for p in problems) if max_nodes > 0 else collections.deque()
+        self.window = trees_in_flight or len(problems)
         self.max_nodes, self.k, self.detailed_feedback, self.progress = (max_nodes, expansions_per_wave,
                                                                           detailed_feedback, progress)
         self.names = tuple(agents)
@@ -131,9 +145,8 @@ class TreeSearch:
         self.total, self.built = max_nodes * len(problems), 0
 
     def run(self) -> list[dict[str, Any]]:
-        for p in self.problems:
-            if self.max_nodes > 0:
-                self.start_round(p.id)
+        while self.waiting and len(self.rounds) < self.window:
+            self.start_round(self.waiting.popleft())
         with ThreadPoolExecutor(max_workers=max(1, len(self.names))) as graders:
             while self.rounds:
                 if not self.outstanding:
@@ -226,6 +239,11 @@ class TreeSearch:
         del self.rounds[pid]
         if len(tree) < self.max_nodes:
             self.start_round(pid)
+            return
+        if self.on_tree is not None:
+            self.on_tree(pid, rows)
+        if self.waiting:
+            self.start_round(self.waiting.popleft())
 
 
 def _done(value: Any) -> Future:
