@@ -302,10 +302,10 @@ class SearchConfig:
     """longest response; L_max of the overlong penalty."""
     batch_size: int = 32
     """prompts a transformers engine generates at once; sequences the planner keeps in flight."""
-    trees_in_flight: int = field(default=64, metadata={"cache_key": False})
-    """ab_mcts: trees searched at once, the next starting as one finishes (0: every tree at once). Trees then finish
-    all along the rollout, so a killed rollout keeps them (docs/engines.md, "Resuming a stage"); keep it above the
-    requests the engines run at once (their batch) so they stay full. How fast, not what: in no cache key."""
+    trees_in_flight: int = field(default=0, metadata={"cache_key": False})
+    """ab_mcts: trees searched at once, the next starting as one finishes (0: every tree at once, and they finish
+    together near the end). A window makes trees finish all along the rollout, so a killed rollout keeps more of
+    them (docs/engines.md, "Resuming a stage"), at the price of fewer requests for the engines. In no cache key."""
     seed: int = 0
     """seeds the rollout's samples (per request) and the search's posterior draws."""
 

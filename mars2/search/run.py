@@ -7,6 +7,7 @@ GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs wit
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -78,8 +79,14 @@ def resumable_search(problems: Sequence[Problem], runners: Mapping[str, AgentRun
     kept = journal.finished(part)
     todo = [p for p in problems if p.id not in kept]
     if todo:
-        run_search(todo, runners, search, sampling, grade, progress,
-                   on_tree=lambda pid, rows: journal.write(part, pid, pd.DataFrame(rows, columns=NODE_COLUMNS)))
+        # one writer thread: encoding a tree's shard must not hold up the search's scheduler
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mars2-journal") as writer:
+            written = []
+            run_search(todo, runners, search, sampling, grade, progress,
+                       on_tree=lambda pid, rows: written.append(writer.submit(
+                           journal.write, part, pid, pd.DataFrame(rows, columns=NODE_COLUMNS))))
+        for future in written:
+            future.result()
     trees = journal.finished(part)
     return (pd.concat([trees[p.id] for p in problems], ignore_index=True) if problems
             else pd.DataFrame(columns=NODE_COLUMNS))
