@@ -60,7 +60,11 @@ class Journal:
     def finished(self, part: str) -> dict[str, pd.DataFrame]:
         """The units of ``part`` an earlier run of this key finished, by unit id. Shards that fail their check are
         deleted with a warning: their units are redone."""
-        units: dict[str, pd.DataFrame] = {}
+        return {unit: table.to_pandas() for unit, table in self.finished_tables(part).items()}
+
+    def finished_tables(self, part: str) -> dict[str, pa.Table]:
+        """:meth:`finished` as Arrow tables (as written, without the unit's metadata)."""
+        units: dict[str, pa.Table] = {}
         for shard in sorted((self.folder / part).glob("*.parquet")):
             unit, rows = self._read(shard)
             if unit is None:
@@ -71,7 +75,7 @@ class Journal:
             units[unit] = rows
         return units
 
-    def _read(self, shard: Path) -> tuple[str | None, pd.DataFrame | None]:
+    def _read(self, shard: Path) -> tuple[str | None, pa.Table | None]:
         name_digest, _, content_digest = shard.name.removesuffix(".parquet").partition(".")
         try:
             data = shard.read_bytes()
@@ -82,7 +86,7 @@ class Journal:
             if sha256_bytes(unit.encode())[:32] != name_digest:
                 raise ValueError("it names another unit")
             kept = {k: v for k, v in table.schema.metadata.items() if k != UNIT}
-            return unit, table.replace_schema_metadata(kept).to_pandas()
+            return unit, table.replace_schema_metadata(kept or None)
         except (OSError, ValueError, pa.ArrowException) as e:
             log.warning("journal shard %s is corrupt (%s): deleted, its unit runs again", shard, e)
             with contextlib.suppress(OSError):
@@ -91,7 +95,10 @@ class Journal:
 
     def write(self, part: str, unit: str, rows: pd.DataFrame) -> None:
         """Keep ``rows`` as unit ``unit`` of ``part`` (atomically: a kill leaves the shard whole or absent)."""
-        table = pa.Table.from_pandas(rows.reset_index(drop=True), preserve_index=False)
+        self.write_table(part, unit, pa.Table.from_pandas(rows.reset_index(drop=True), preserve_index=False))
+
+    def write_table(self, part: str, unit: str, table: pa.Table) -> None:
+        """:meth:`write` of an Arrow table."""
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), UNIT: unit.encode()})
         buffer = io.BytesIO()
         pq.write_table(table, buffer)

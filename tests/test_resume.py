@@ -20,10 +20,10 @@ import pytest
 from flowenv import RANDOM_TEAM, flow_env
 
 ROOT = Path(__file__).resolve().parents[1]
-# 24 trees of 4 nodes, 4 at a time: trees finish all along the rollout; the flow stops at grading (fault injection),
-# so each run is data, agents and the rollout
+# 24 trees of 4 nodes, 4 at a time (search.trees_in_flight): trees finish all along the rollout; the flow stops at
+# grading (fault injection), so each run is data, agents and the rollout
 RUN = [*RANDOM_TEAM, "train.cycles=1", "data.max_train_problems=24", "search.max_nodes=4", "search.trees_in_flight=4",
-       "eval.before=false", "progress_every_s=0.5", "debug.fail_at=grading"]
+       "search.max_new_tokens=32", "eval.before=false", "progress_every_s=0.5", "debug.fail_at=grading"]
 PROGRESS = re.compile(r"rollout c0: (\d+)/(\d+) nodes")
 
 pytestmark = pytest.mark.slow

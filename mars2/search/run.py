@@ -72,21 +72,30 @@ def resumable_search(problems: Sequence[Problem], runners: Mapping[str, AgentRun
                      sampling: SamplingParams, grade: GradeFn, journal: Journal, part: str,
                      progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """:func:`run_search` for the problems whose trees ``journal`` has not kept under ``part``, each tree kept as it
-    is finished; returns every problem's nodes, in problem order, as the journal holds them: the table is always
-    read back from the journal, so a resumed run's table is the one an uninterrupted run makes."""
+    is finished; returns every problem's nodes, in problem order: the trees made now and those read back are joined
+    as Arrow tables and converted once, so a resumed run's table is the one an uninterrupted run makes."""
+    import pyarrow as pa
+
     from mars2.search.tree_search import NODE_COLUMNS
 
-    kept = journal.finished(part)
+    kept = journal.finished_tables(part)
     todo = [p for p in problems if p.id not in kept]
+    made: dict[str, pa.Table] = {}
+
+    def keep(pid: str, rows: list[dict[str, Any]]) -> None:
+        made[pid] = pa.Table.from_pylist(rows)
+        journal.write_table(part, pid, made[pid])
+
     if todo:
         # one writer thread: encoding a tree's shard must not hold up the search's scheduler
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mars2-journal") as writer:
             written = []
             run_search(todo, runners, search, sampling, grade, progress,
-                       on_tree=lambda pid, rows: written.append(writer.submit(
-                           journal.write, part, pid, pd.DataFrame(rows, columns=NODE_COLUMNS))))
+                       on_tree=lambda pid, rows: written.append(writer.submit(keep, pid, rows)))
         for future in written:
             future.result()
-    trees = journal.finished(part)
-    return (pd.concat([trees[p.id] for p in problems], ignore_index=True) if problems
-            else pd.DataFrame(columns=NODE_COLUMNS))
+    if not problems:
+        return pd.DataFrame(columns=NODE_COLUMNS)
+    # one Arrow table, then one conversion: a tree made now and one read back give the same rows and types
+    tables = [made[p.id] if p.id in made else kept[p.id] for p in problems]
+    return pa.concat_tables(tables, promote_options="default").to_pandas()
