@@ -92,3 +92,49 @@ def test_a_rollout_killed_half_way_resumes_its_finished_trees_and_ends_as_an_uni
     pd.testing.assert_frame_equal(a.drop(columns="logprobs"), b.drop(columns="logprobs"))
     assert all(np.allclose(x, y, rtol=0, atol=1e-5) for x, y in zip(a["logprobs"], b["logprobs"], strict=True))
     assert not list((killed / "artifacts" / "rollout").glob("*.journal"))  # gone once the folder is complete
+
+
+EVAL = [*RANDOM_TEAM, "data.max_eval_problems=12", "eval.max_nodes=4", "eval.n_samples=1", "eval.per_agent_trees=false",
+        "eval.tplus=[false]", "search.trees_in_flight=2", "progress_every_s=0.5"]
+EVAL_PROGRESS = re.compile(r"eval c0: generate: (\d+)/(\d+) programs")
+
+
+def test_an_evaluation_killed_in_its_trees_resumes_its_samples_and_finished_trees(tmp_path):
+    """flows/evaluate.py killed with SIGKILL once its samples are in and some trees are finished: the same command
+    keeps them (each problem's samples and each finished tree), says how many, and writes the results an
+    uninterrupted evaluation writes."""
+    def start(home: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "flows/evaluate.py", *EVAL], cwd=ROOT, env=flow_env(home),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    killed = tmp_path / "killed"
+    run, seen = start(killed), []
+    try:
+        for line in run.stderr:  # samples: 12 problems x 2 agents = 24 programs, then 12 trees of 4 nodes
+            seen.append(line)
+            m = EVAL_PROGRESS.search(line)
+            if m and int(m[1]) >= 24 + 20:
+                break
+        else:
+            pytest.fail("the evaluation ended before it was killed:\n" + "".join(seen)[-3000:])
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+    again = subprocess.run([sys.executable, "flows/evaluate.py", *EVAL], cwd=ROOT, env=flow_env(killed),
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    m = re.search(r"eval c0: resumed (\d+)/24 problems' samples and trees", again.stderr)
+    assert m and int(m[1]) > 12, again.stderr[-3000:]  # every problem's samples and at least one tree
+
+    whole = subprocess.run([sys.executable, "flows/evaluate.py", *EVAL], cwd=ROOT, env=flow_env(tmp_path / "whole"),
+                           capture_output=True, text=True, timeout=900)
+    assert whole.returncode == 0 and "resumed" not in whole.stderr, whole.stderr[-3000:]
+    folders = [[p for p in (home / "artifacts" / "evaluation").iterdir() if (p / "MANIFEST.json").exists()]
+               for home in (killed, tmp_path / "whole")]
+    (a,), (b,) = folders
+    assert a.name == b.name  # the same stage key
+    for table in ("samples", "results"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
+    trees_a, trees_b = (pd.read_parquet(x / "eval_trees.parquet") for x in (a, b))
+    pd.testing.assert_frame_equal(trees_a, trees_b)
+    assert not list((killed / "artifacts" / "evaluation").glob("*.journal"))
