@@ -21,10 +21,10 @@ from mars2.config import AgentConfig, BackendConfig, EvalConfig, GradingConfig, 
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, write_parquet
 from mars2.eval.run import SEARCH_READS
+from mars2.journal import Journal
 from mars2.search.run import public_grader
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
-from mars2.journal import Journal
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 

@@ -14,8 +14,8 @@ import pandas as pd
 from mars2.config import AgentConfig, BackendConfig, GateConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, atomic_write_text, write_parquet
-from mars2.search.run import public_grader, search_sampling
 from mars2.journal import Journal
+from mars2.search.run import public_grader, search_sampling
 from pipeline.engines import release
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task

@@ -9,10 +9,10 @@ import pandas as pd
 from mars2.config import AgentConfig, BackendConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
+from mars2.journal import Journal
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
 from pipeline.engines import release
-from mars2.journal import Journal
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "rollout"

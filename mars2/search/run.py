@@ -7,8 +7,8 @@ GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs wit
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pandas as pd
