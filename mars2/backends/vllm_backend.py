@@ -5,8 +5,10 @@ rollout task never imports it. :class:`VLLMBackend` writes a JSON request file, 
 ``<vllm python> -m mars2.backends.vllm_worker request.json response.jsonl`` in the GPU worker's own
 environment, and reads one JSON line per prompt back. Each call starts the engine from the agent's
 current checkpoint folder, so the weights of the last update are always the ones sampled from (weight
-reload = a new worker on the new folder). Log-probs are vLLM's *processed* log-probs of the sampled tokens
-(after temperature/top-p), which truncated importance sampling compares against the trainer's.
+reload = a new worker on the new folder). Log-probs are vLLM's *processed* log-probs of the sampled tokens, which
+truncated importance sampling compares against the trainer's: after temperature, and on the CPU build (vLLM's V1
+model runner) after top-p; vLLM 0.32's V2 model runner, which CUDA builds choose by default, takes them before
+top-k/top-p. The two agree at ``top_p = 1`` (every preset).
 """
 
 from __future__ import annotations
