@@ -585,6 +585,26 @@ def test_a_service_that_dies_during_the_attach_handshake_is_replaced_not_waited_
         (service_dir.parent / "STOP").write_text("")
 
 
+def test_a_registered_service_whose_engine_died_is_replaced_not_attached_to(tiny_model_dir, tmp_path):
+    """A registered service that answers its health as dead (its vLLM engine core exited; it is on its way out,
+    engine_server.died): the stage starts its own engine instead of attaching to one that can answer nothing."""
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    dead = _registered_stand_in(service_dir, textwrap.dedent("""
+        request_id, *_ = connection.recv()
+        connection.send((request_id, "ok", {"version": "v1", "pid": 0, "model_dir": "/m", "asleep": False,
+                                            "dead": True}))
+        time.sleep(600)
+    """).replace("\n", "\n            "))
+    try:
+        client = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),
+                              service_dir=service_dir, idle_exit_s=60)
+        assert client.starts == 1 and client.pid != dead.pid and client.generate(["x"], PARAMS, [1])
+        client.close()
+    finally:
+        dead.kill()
+        (service_dir.parent / "STOP").write_text("")
+
+
 def test_a_registered_service_that_is_alive_but_silent_is_an_error_not_a_second_engine(tiny_model_dir, tmp_path):
     """A registered service that accepts and never answers (hung): the stage fails within its start timeout with an
     error naming the agent, instead of waiting forever with the node's lock held or starting a second copy."""
@@ -743,6 +763,7 @@ def test_a_load_refused_after_a_wake_without_weights_leaves_the_engine_serving_n
 
     class RefusingEngine:
         sleep_discards_weights = discards
+        dead = False
 
         def check(self, model_dir):
             pass
@@ -777,6 +798,8 @@ def test_an_answer_that_cannot_be_pickled_reaches_its_caller_as_an_error():
     from mars2.backends.engine_server import EngineState, serve
 
     class LockEngine:
+        dead = False
+
         def submit(self, prompt, params, seed):
             future = Future()
             threading.Timer(0.1, future.set_result, (threading.Lock(),)).start()  # resolved on another thread

@@ -7,6 +7,7 @@ file, worker process, response parsing — is the real code path.
 
 import sys
 import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -151,9 +152,15 @@ current_platform = _Platform()
 ''',
     "vllm/v1/__init__.py": "",
     "vllm/v1/engine/__init__.py": "",
+    "vllm/v1/engine/exceptions.py": '''
+class EngineDeadError(Exception):
+    pass
+''',
     "vllm/v1/engine/async_llm.py": '''
 import asyncio, json, os
 from types import SimpleNamespace as NS
+
+from vllm.v1.engine.exceptions import EngineDeadError
 
 def log(*event):
     with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
@@ -166,13 +173,30 @@ class AsyncLLM:
         self.model, self.in_flight, self.peak, self.asleep = kw["model"], 0, 0, False
         self.sleep_mode = kw.get("enable_sleep_mode", False)
         assert current_platform.is_sleep_mode_available() or not self.sleep_mode, "Sleep mode is not supported"
+        self.core_dead = False  # its engine core exited: every call fails from then on, as vLLM's
         log("start", kw["model"], kw["tensor_parallel_size"], kw["data_parallel_size"])
+
+    @property
+    def errored(self):  # the core dies at a request for "die", or while idle when FAKE_VLLM_KILL names this process
+        killed = os.environ.get("FAKE_VLLM_KILL", "")
+        if killed and os.path.exists(killed) and open(killed).read() == str(os.getpid()):
+            self.core_dead = True
+        return self.core_dead
 
     @classmethod
     def from_engine_args(cls, args):
         return cls(args.kw)
 
     async def generate(self, prompt, sp, request_id):
+        if self.errored:
+            raise EngineDeadError()
+        armed = os.environ.get("FAKE_VLLM_DIE", "")
+        if prompt == "die" and armed and os.path.exists(armed):  # once: the restarted engine answers it
+            os.unlink(armed)
+            await asyncio.sleep(0.1)  # the other requests are in flight with it
+            self.core_dead = True
+            log("died")
+            raise EngineDeadError()
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         ids = [len(prompt), sp.kw["seed"] % 1000, 2]
@@ -180,6 +204,8 @@ class AsyncLLM:
                                                        logprobs=[{ids[0]: NS(logprob=-0.5)}])])
         await asyncio.sleep(0.2)  # long enough for every request of the test to be in flight together
         self.in_flight -= 1
+        if self.core_dead:
+            raise EngineDeadError()
         log("generate", prompt, sp.kw["seed"], sp.kw["stop_token_ids"], self.model, self.peak)
         yield NS(prompt_token_ids=[1, 2], outputs=[NS(token_ids=ids, text=f"{self.model}|{prompt}",
                                                        finish_reason="stop",
@@ -319,6 +345,109 @@ def test_a_vllm_engine_on_the_cpu_never_asks_for_sleep_mode(tmp_path, monkeypatc
     finally:
         engine.close()
     assert "sleep" not in log.read_text() and "wake" not in log.read_text()
+
+
+def _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1", "v2")):
+    """The stand-in ``vllm`` on the engine's path, its event log, and a checkpoint folder per version."""
+    import torch
+    from safetensors.torch import save_file
+
+    for name, text in FAKE_ASYNC_VLLM.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    folders = {}
+    for v in versions:
+        folders[v] = tmp_path / "ckpt" / v
+        folders[v].mkdir(parents=True)
+        save_file({"w": torch.zeros(2)}, str(folders[v] / "model.safetensors"))
+    log = tmp_path / "vllm.log"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    return log, {v: str(f) for v, f in folders.items()}
+
+
+def _stand_in_spec(model_dir: str):
+    from dataclasses import asdict
+
+    from mars2.backends.engine import EngineSpec
+
+    return EngineSpec("qwen", model_dir, model_dir, version="v1", device="cuda", kind="vllm", python=sys.executable,
+                      vllm=asdict(VLLMEngineArgs(model=model_dir)), stop_token_ids=(7,))
+
+
+def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what_was_in_flight(tmp_path,
+                                                                                               monkeypatch):
+    """vLLM's engine core exits while four requests are in flight (``EngineDeadError`` for each, ``AsyncLLM.errored``
+    from then on): the engine's process ends without answering them (before: each answered with an error, and the
+    process lived on, serving nothing); its client restarts it once, from the version it held, and sends the four
+    again: each is answered at that version."""
+    import json
+
+    from mars2.backends.engine import EngineClient
+
+    log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
+    armed = tmp_path / "die"
+    armed.touch()
+    monkeypatch.setenv("FAKE_VLLM_DIE", str(armed))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    try:
+        engine.load(ckpt["v2"], "v2")
+        first = engine.pid
+        params = SamplingParams(temperature=1.0, max_new_tokens=16)
+        prompts = ["a", "die", "b", "c"]
+        futures = [engine.submit(p, params, seed=i) for i, p in enumerate(prompts)]
+        assert [f.result(timeout=60).text for f in futures] == [f"{ckpt['v2']}|{p}" for p in prompts]
+        assert engine.starts == 2 and engine.pid != first
+        health = engine.health()
+        assert health["version"] == "v2" and health["dead"] is False
+        assert "exiting, so that its client restarts it" in engine._log.read_text()
+    finally:
+        engine.close()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    starts = [e for e in events if e[0] == "start"]
+    assert [e[1] for e in starts] == [ckpt["v1"], ckpt["v2"]]  # restarted from the weights it held
+    assert [e[0] for e in events].count("died") == 1
+
+
+def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_starts_another(tmp_path,
+                                                                                              monkeypatch):
+    """orchestration=pools: the engine core of a node service dies while no stage uses it. The service's watch sees
+    it and ends the process (before: it lived on, answered its health, and every later stage attached to it and got
+    errors); the next stage on the node starts a new service, which answers."""
+    from mars2.backends.engine import EngineClient
+
+    _, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1",))
+    killed = tmp_path / "kill"
+    monkeypatch.setenv("FAKE_VLLM_KILL", str(killed))
+    service_dir = tmp_path / "engines" / "run-1" / "node-a"
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    first = EngineClient(_stand_in_spec(ckpt["v1"]), service_dir=service_dir, idle_exit_s=60)
+    pid = first.pid
+    try:
+        assert first.generate(["a"], params, [1])[0][0].text == f"{ckpt['v1']}|a"
+    finally:
+        first.close()  # the stage ends: disconnected, the service stays
+    killed.write_text(str(pid))  # its engine core dies
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "a service whose engine died lived on"
+    second = EngineClient(_stand_in_spec(ckpt["v1"]), service_dir=service_dir, idle_exit_s=60)
+    try:
+        assert second.starts == 1 and second.pid != pid
+        assert second.generate(["b"], params, [1])[0][0].text == f"{ckpt['v1']}|b"
+    finally:
+        second.close()
+        (service_dir.parent / "STOP").write_text("")
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_a_reload_folder_missing_a_tensor_of_the_served_model_is_refused(tiny_model_dir, tmp_path):

@@ -244,6 +244,43 @@ def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(en
     assert [p for p in family if _alive(p)] == []
 
 
+def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at_the_same_version(engine):
+    """vLLM's engine core (a child of the engine's process) is killed with SIGKILL while eight requests are in
+    flight: vLLM marks the engine dead; its process ends, the client restarts it once from the version it held and
+    sends the eight again (the new engine receives them), each answered with the tokens its seed gave before."""
+    import threading
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=256)
+    seeds = list(range(100, 108))
+    before = engine.generate([PROMPT] * 8, params, seeds)
+    server, version = engine.health()["pid"], engine.version
+    cores = [p for p in _descendants(server) if "EngineCore" in _cmdline(p)]
+    assert cores, f"no vLLM engine core among {[_cmdline(p) for p in _descendants(server)]}"
+    received = engine.health()["requests"]
+    answers = {}
+    sent = threading.Thread(target=lambda: answers.update(out=engine.generate([PROMPT] * 8, params, seeds)))
+    sent.start()
+    deadline = time.monotonic() + 60
+    while engine.health()["requests"] < received + 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for core in cores:
+        os.kill(core, 9)
+    sent.join(900)
+    assert not sent.is_alive(), "the requests in flight when the engine core died were never answered"
+    assert [g[0].response_ids for g in answers["out"]] == [g[0].response_ids for g in before]
+    health = engine.health()
+    assert engine.starts == 2 and health["pid"] != server and health["version"] == version
+    assert health["requests"] >= 8 and not health["dead"]  # the eight were sent again to the new engine
+    assert not _alive(server)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_closing_leaves_no_process(engine):
     root = engine.health()["pid"]
     family = _descendants(root) | {root}

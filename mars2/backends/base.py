@@ -45,6 +45,11 @@ class CheckpointRefused(ValueError):
     (here rather than in the engine server, which runs as ``__main__``: one class for every module that raises it)."""
 
 
+class EngineDied(RuntimeError):
+    """The engine can answer nothing more (vLLM's engine core exited: ``EngineDeadError``): its server ends without
+    answering, and its client restarts it and sends the unanswered requests again."""
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """A batch of prompts in, generations with token ids and sampled-token log-probs out.

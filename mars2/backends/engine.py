@@ -9,7 +9,7 @@ an id, every answer names the id it answers, and answers come back in the order 
     (id, "sample", version, prompt, sampling_params_dict, sample_seed) → (id, "ok", Generation)
     (id, "load", model_dir, version)                                   → (id, "ok", version)
     (id, "sleep")                                                      → (id, "ok", None)
-    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", "threads",
+    (id, "health")                   → (id, "ok", {"version", "pid", "model_dir", "asleep", "dead", "threads",
                                                     engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
@@ -23,8 +23,8 @@ engine holds is refused.
 :class:`EngineClient` implements :class:`~mars2.backends.base.GenerationBackend` (``generate(prompts, params,
 seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation]`` the tree search uses. It starts
 the engine (``python -m mars2.backends.engine_server``: transformers on CPU or one GPU, or vLLM in its own
-environment), restarts it once if it crashes (with the latest weights, sending again every request not yet
-answered; a second crash is an :class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and
+environment), restarts it once if it crashes or its engine dies (with the latest weights, sending again every
+request not yet answered; a second crash is an :class:`EngineError` naming the agent), and stops it on :meth:`close`, at exit, and
 — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine outlives its run. With
 ``service_dir`` the engine is instead a node service shared by the stages of a run on one node, and with
 ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
@@ -244,7 +244,8 @@ class EngineClient:
         crashed, which another stage may have restarted already): then it loads this client's version first.
 
         The handshake (health, and that load) is answered here, before the reader thread starts: a service that
-        dies meanwhile is an EOF here, not a reader that waits for the service lock this thread holds."""
+        dies meanwhile is an EOF here, not a reader that waits for the service lock this thread holds. A service
+        whose engine died (its health says ``dead``; it is ending) counts as none."""
         if self.service_dir is None:
             return False
         info = self.service_dir / f"{self.spec.agent}.json"
@@ -265,6 +266,8 @@ class EngineClient:
             return False  # gone (or going): start one
         try:
             held = self._handshake(conn, "health")
+            if held.get("dead"):  # on its way out (engine_server.died): as good as gone
+                raise EOFError
             if held["version"] is None or (keep_version and held["version"] != self.spec.version):
                 # no time limit: a load waits for the requests other stages have in flight, as load() does
                 self._handshake(conn, "load", self.spec.model_dir, self.spec.version, limited=False)
@@ -307,7 +310,8 @@ class EngineClient:
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
         on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
-                                 cpu_threads=self.spec.threads if on_cpu else 0)
+                                 cpu_threads=self.spec.threads if on_cpu else 0,
+                                 gpu=self.spec.kind == "vllm" and not on_cpu)
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

@@ -13,7 +13,9 @@ engine, which batches whatever is in flight, answering each when it finishes. Tw
   (:func:`load_weights_in_place`), so the process keeps its memory and its model object across versions;
 - "vllm" (:class:`mars2.backends.vllm_engine.VLLMEngine`, the GPU worker's vLLM environment): ``AsyncLLM``.
 
-A load or sleep waits until every request sent before it has finished.
+A load or sleep waits until every request sent before it has finished. An engine that can serve nothing more
+(:attr:`VLLMEngine.dead <mars2.backends.vllm_engine.VLLMEngine.dead>`) ends this process without answering what is in
+flight (:func:`died`): its client sees the connection close, restarts it and sends those requests again.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mars2.backends.base import CheckpointRefused, authenticate, checkpoint_files, keep_alive
+from mars2.backends.base import CheckpointRefused, EngineDied, authenticate, checkpoint_files, keep_alive
 
 TCP = "tcp:"  # ADDRESS of a service listening on TCP: "tcp:<interface>"
 
@@ -69,6 +71,11 @@ class TransformersEngine:
     def wake(self, restore: bool = True) -> None:
         """Weights back on the device (``restore`` is vLLM's: a sleeping transformers engine kept them in memory)."""
         self.backend.model.to(self.device)
+
+    @property
+    def dead(self) -> bool:
+        """Never: a failed forward pass fails its requests, and the batcher goes on."""
+        return False
 
     def counters(self) -> dict:
         """The batcher's counters and the CPU seconds this engine process has used (``cpu_s``: all its threads)."""
@@ -149,8 +156,7 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                     state.engine.wake()
                     state.asleep = False
                 future = state.engine.submit(prompt, SamplingParams(**params), seed)
-            future.add_done_callback(lambda f: reply("ok", f.result()) if f.exception() is None
-                                     else reply("error", f"{type(f.exception()).__name__}: {f.exception()}"))
+            future.add_done_callback(lambda f: answered(state, f, reply))
         elif kind == "load":
             _, model_dir, version = message
             with state.lock, state.engine.drained():
@@ -183,11 +189,39 @@ def handle(state: EngineState, message: tuple, reply) -> None:
             reply("ok", None)
         elif kind == "health":
             reply("ok", {"version": state.version, "pid": os.getpid(), "model_dir": state.model_dir,
-                         "asleep": state.asleep, "threads": thread_settings(), **state.engine.counters()})
+                         "asleep": state.asleep, "dead": state.engine.dead, "threads": thread_settings(),
+                         **state.engine.counters()})
         else:
             reply("error", f"unknown request {kind!r}")
-    except Exception as e:  # the engine stays up; the client raises with this message
-        reply("error", f"{type(e).__name__}: {e}")
+    except Exception as e:
+        if isinstance(e, EngineDied) or state.engine.dead:
+            died(state, e)  # unanswered: the client sends it again to the engine it restarts
+        else:  # the engine stays up; the client raises with this message
+            reply("error", f"{type(e).__name__}: {e}")
+
+
+def answered(state: EngineState, future, reply) -> None:
+    """A finished sample request's answer: its generation, or the error; none when the engine died with it."""
+    error = future.exception()
+    if error is None:
+        reply("ok", future.result())
+    elif isinstance(error, EngineDied) or state.engine.dead:
+        died(state, error)
+    else:
+        reply("error", f"{type(error).__name__}: {error}")
+
+
+DIED_EXIT = 70  # the exit code of an engine server whose engine died (EX_SOFTWARE)
+
+
+def died(state: EngineState, error: BaseException | None = None) -> None:
+    """The engine can serve nothing more: the process ends (:func:`stop`, exit code :data:`DIED_EXIT`) on a thread
+    of its own (this may be vLLM's event loop, which the shutdown needs), answering nothing."""
+    if _stopping.is_set():
+        return
+    print(f"the engine died ({type(error).__name__ + ': ' + str(error) if error else 'found by the watch'}); "
+          "exiting, so that its client restarts it", file=sys.stderr, flush=True)
+    threading.Thread(target=stop, args=(state,), kwargs={"code": DIED_EXIT}, daemon=True, name="died").start()
 
 
 def serve(conn, state: EngineState) -> None:
@@ -224,11 +258,11 @@ def serve(conn, state: EngineState) -> None:
             handle(state, tuple(message), answer(request_id))
 
 
-def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
+def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
     so no stage attaches to a service on its way out (a TCP service's port file goes, and the connections it
     accepts from then on are closed unserved); a shutdown that hangs for ``grace_s`` gives way to SIGKILL of the
-    engine's process group (its children with it). The listener's accept() does not wake up on its own, hence
+    engine's process group (its children with it). The process exits with ``code``. The listener's accept() does not wake up on its own, hence
     ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
     _stopping.set()  # a TCP service's listener stays open until the exit: connections from now on are closed
     if _address:
@@ -246,7 +280,7 @@ def stop(state: EngineState | None, grace_s: float = 30.0) -> None:
     if state is not None:
         with contextlib.suppress(Exception):
             state.engine.shutdown()
-    os._exit(0)
+    os._exit(code)
 
 
 _address = ""  # the engine's socket, or a TCP service's port file (set by main)
@@ -403,6 +437,7 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
       run``) sits between them.
     - A node service (``stop_file``; it outlives the stage that started it): its run's STOP file appears, or no
       stage has been connected for ``idle_exit_s``.
+    - Any loaded engine: it died (:func:`died`), also while no request was in flight.
 
     The main thread only sleeps here, for signals that could otherwise be lost: Python runs a handler only on the
     main thread, and only once it runs bytecode, so a main thread blocked in ``accept()`` never ran the SIGTERM
@@ -420,6 +455,8 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
             stop(state)
         if state is None:
             continue
+        if state.engine.dead:
+            died(state)
         if state.connections:
             idle_since = time.monotonic()
         elif stop_file and idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:

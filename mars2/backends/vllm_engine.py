@@ -17,6 +17,8 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   it started leaves no version;
 - sleep / wake: ``sleep(level=2)`` (weights and KV cache dropped) / ``wake_up()`` and a reload of the folder it held;
   a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
+- death: once ``AsyncLLM.errored`` (its engine core exited: ``EngineDeadError`` on every call), :attr:`VLLMEngine.dead`
+  ends the engine's process, unanswered, so that its client restarts it (``engine_server.died``);
 - stop: ``shutdown()``.
 """
 
@@ -66,8 +68,24 @@ class VLLMEngine:
         self.requests = 0
         self.prefix_cache_resets = 0
 
+    @property
+    def dead(self) -> bool:
+        """vLLM's engine core has exited (``AsyncLLM.errored``): every call from now on fails."""
+        return bool(self.llm.errored)
+
     def _run(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(self._died_as_ours(coroutine), self.loop).result()
+
+    async def _died_as_ours(self, coroutine):
+        """``coroutine``, with vLLM's ``EngineDeadError`` raised as :class:`~mars2.backends.base.EngineDied`."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        from mars2.backends.base import EngineDied
+
+        try:
+            return await coroutine
+        except EngineDeadError as e:
+            raise EngineDied(f"vLLM's engine core died: {e}") from e
 
     def submit(self, prompt: str, params, seed: int) -> Future:
         """One request → ``Future[Generation]``; it waits while a load or sleep holds the engine."""
@@ -75,7 +93,7 @@ class VLLMEngine:
             self._cv.wait_for(lambda: not self._holds)
             self._in_flight += 1
             self.requests += 1
-        done = asyncio.run_coroutine_threadsafe(self._generate(prompt, params, seed), self.loop)
+        done = asyncio.run_coroutine_threadsafe(self._died_as_ours(self._generate(prompt, params, seed)), self.loop)
         done.add_done_callback(lambda _: self._finished())
         return done
 
