@@ -126,27 +126,6 @@ def test_the_gate_passes_only_when_the_pooled_interval_is_above_zero():
         gate_table(pd.DataFrame(rows).drop(columns="reward"))
 
 
-@pytest.mark.slow
-def test_the_gate_flow_logs_its_table_and_figures_to_one_mlflow_run(run_flow_cli, tmp_path):
-    """flows/gate.py on the random tiny team (whose refines never pass): the gate does not pass, the summary says so,
-    and MLflow has the figures and the attempts."""
-    import sqlite3
-
-    from flowenv import RANDOM_TEAM
-
-    args = [*RANDOM_TEAM, "data.n_problems=24", "gate.max_problems=3", "gate.n_fresh=2", "gate.n_parents=1",
-            "gate.n_boot=200", "search.max_new_tokens=24", "grading.time_limit_s=2"]
-    first = run_flow_cli("gate.py", *args)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "Does not pass" in first.stderr and "qwen_tiny-refines-llama_tiny" in first.stderr
-    db = sqlite3.connect(tmp_path / "mlflow.db")
-    metrics = dict(db.execute("select key, value from latest_metrics").fetchall())
-    # random agents never pass: every fresh program is a parent (1 per author and problem), refined by both agents
-    assert metrics["gate/passes"] == 0.0 and metrics["gate/all/attempts"] == 3 * 2 * 2
-    artefacts = {p.name for p in (tmp_path / "mlartifacts").rglob("*") if p.is_file()}
-    assert {"gate.md", "attempts.parquet", "attempts.csv", "summary.md"} <= artefacts
-
-
 def test_rollout_verdicts_report_the_pass_rate_of_refinements_and_of_cross_agent_ones():
     from mars2.rl.reward import verdict_metrics
 

@@ -1,13 +1,14 @@
-"""A long stage resumes where it stopped: a flow killed with SIGKILL half way through its rollout, run again with the
-same command, keeps the trees it had finished, says how many, builds only the others and ends with the rollout table
-an uninterrupted run writes (the transformers engine on CPU draws the same tokens; log-probs agree to float
-rounding). Grading and evaluation resume through
-the same journal (tests/test_journal.py checks its chunks)."""
+"""A long stage resumes where it stopped: a process killed with SIGKILL part way, run again with the same command,
+keeps what it had finished, says how many, does only the rest and ends with what an uninterrupted run writes
+(the transformers engine on CPU draws the same tokens; log-probs agree to float rounding): the rollout's trees and the
+evaluation's samples and trees (real flows), the gate's generation phases (a real flow), and grading's chunks of
+programs (a real process grading real programs in the sandbox; the random team's flows write no code to grade)."""
 
 from __future__ import annotations
 
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -138,3 +139,112 @@ def test_an_evaluation_killed_in_its_trees_resumes_its_samples_and_finished_tree
     trees_a, trees_b = (pd.read_parquet(x / "eval_trees.parquet") for x in (a, b))
     pd.testing.assert_frame_equal(trees_a, trees_b)
     assert not list((killed / "artifacts" / "evaluation").glob("*.journal"))
+
+
+GRADE = """
+import sys
+import pandas as pd
+from mars2.config import GradingConfig
+from mars2.data.lcb import load_problems
+from mars2.data.toy import toy_benchmark, toy_reference_solutions
+from mars2.journal import Journal, in_chunks
+from mars2.rl.reward import hidden_test_verdicts
+
+folder, out = sys.argv[1], sys.argv[2]
+problems, _ = load_problems(toy_benchmark(8, seed=0), source="toy")
+refs = toy_reference_solutions(8, 0)
+slow = "import time\\ntime.sleep(0.15)\\n"  # a program that takes its time, so the kill lands mid-chunk
+codes = [slow + refs[p.id] if i % 3 == 0 else slow + "print(0)" if i % 3 == 1 else "print(" for i, p in
+         enumerate(problems * 9)]
+rows = pd.DataFrame({"problem_id": [p.id for p in problems * 9], "node_id": range(72), "code": codes})
+by_id = {p.id: p for p in problems}
+
+def chunk(part, progress):  # the grading stage's unit of work, as tasks/grading.py does it
+    return hidden_test_verdicts(part, by_id, GradingConfig(workers=2, isolation="process"), progress=progress)
+
+table, resumed = in_chunks(Journal(folder, "key"), "verdicts", rows, chunk, size=18)
+table.to_parquet(out)
+print(resumed)
+"""
+
+
+def test_grading_killed_between_chunks_keeps_the_chunks_it_finished_and_grades_the_same_verdicts(tmp_path):
+    """A real process grading 72 real programs in the sandbox (4 chunks), killed with SIGKILL once its first chunk is
+    in the journal: run again, it keeps the finished chunks (no torn shard is trusted), grades only the rest, and
+    its verdicts are those of an uninterrupted run."""
+    def grade(folder: Path, out: Path, **kw):
+        return subprocess.Popen([sys.executable, "-c", GRADE, str(folder), str(out)], cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+    journal = tmp_path / "killed.journal"
+    run = grade(journal, tmp_path / "unused.parquet")
+    try:
+        deadline = time.monotonic() + 300
+        while not list(journal.glob("verdicts/*.parquet")):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no chunk was ever finished"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+    kept = len(list(journal.glob("verdicts/*.parquet")))
+    assert 1 <= kept < 4 and not (tmp_path / "unused.parquet").exists()
+    again = grade(journal, tmp_path / "resumed.parquet")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert kept <= int(out.split()[-1]) < 4  # chunks resumed: the kept ones (a chunk may have landed after the poll)
+    whole = grade(tmp_path / "whole.journal", tmp_path / "whole.parquet")
+    out, err = whole.communicate(timeout=300)
+    assert whole.returncode == 0 and int(out.split()[-1]) == 0, err[-3000:]
+    resumed, uninterrupted = pd.read_parquet(tmp_path / "resumed.parquet"), pd.read_parquet(tmp_path / "whole.parquet")
+    assert {"AC", "WA", "CE"} <= set(uninterrupted["status"])  # real verdicts of each kind
+    pd.testing.assert_frame_equal(resumed, uninterrupted)
+
+
+GATE = [*RANDOM_TEAM, "data.n_problems=24", "gate.max_problems=8", "gate.n_fresh=4", "gate.n_parents=1",
+        "gate.n_boot=200", "search.max_new_tokens=24", "grading.time_limit_s=2"]
+
+
+def test_a_gate_killed_after_a_generation_phase_resumes_the_phases_it_finished(tmp_path):
+    """flows/gate.py on the random tiny team, killed with SIGKILL once a generation phase (fresh, pool, each agent's
+    refines) is in its journal: the same command keeps the finished phases, says how many, and writes the attempts and
+    the table an uninterrupted gate writes, whose figures reach MLflow."""
+    def start(home: Path, **kw) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "flows/gate.py", *GATE], cwd=ROOT, env=flow_env(home),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+    killed = tmp_path / "killed"
+    run = start(killed)
+    try:
+        deadline = time.monotonic() + 600
+        while not list((killed / "artifacts" / "gate").glob("*.journal/attempts/*.parquet")):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no generation phase was ever finished"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+    (journal,) = (killed / "artifacts" / "gate").glob("*.journal")
+    kept = len(list(journal.glob("attempts/*.parquet")))
+    again = start(killed)
+    _, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    m = re.search(r"gate: resumed (\d+) finished phases and chunks", err)
+    assert m and int(m[1]) >= kept, err[-3000:]
+    assert not journal.exists()  # gone once the folder is complete
+    whole = start(tmp_path / "whole")
+    _, err = whole.communicate(timeout=900)
+    assert whole.returncode == 0 and "resumed" not in err, err[-3000:]
+    # the random team's refines never pass: the gate does not, the summary says so, MLflow has the figures and the
+    # attempts (every fresh program is a parent: 1 per author and problem, refined by both agents)
+    assert "Does not pass" in err and "qwen_tiny-refines-llama_tiny" in err
+    with sqlite3.connect(tmp_path / "whole" / "mlflow.db") as db:
+        metrics = dict(db.execute("select key, value from latest_metrics").fetchall())
+    assert metrics["gate/passes"] == 0.0 and metrics["gate/all/attempts"] == 8 * 2 * 2
+    artefacts = {p.name for p in (tmp_path / "whole" / "mlartifacts").rglob("*") if p.is_file()}
+    assert {"gate.md", "attempts.parquet", "attempts.csv", "summary.md"} <= artefacts
+    (a,), (b,) = ([p for p in (home / "artifacts" / "gate").iterdir() if (p / "MANIFEST.json").exists()]
+                  for home in (killed, tmp_path / "whole"))
+    assert a.name == b.name  # the same stage key
+    for table in ("attempts", "gate"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
