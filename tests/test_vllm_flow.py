@@ -59,10 +59,29 @@ def _none_left(home: Path, timeout_s: float = 60.0) -> list[str]:
     for pid in _processes_of(home):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            left.append(f"{pid}: {command[:300]}")
+            left.append(f"{pid}: {command[:300]} | {_state(pid)}")
         except OSError:
             continue
     return left
+
+
+def _state(pid: int) -> str:
+    """What a leftover process is doing, for the failure message: its state, parent, group, pending and caught
+    signals, and each thread's name, state and kernel wait channel."""
+    try:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":\t" in line)
+        group = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2]
+        threads = []
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            name = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (task / "wchan").read_text().strip() if (task / "wchan").exists() else "?"
+            threads.append(f"{name}:{state}:{wchan}")
+    except (OSError, ValueError, IndexError):
+        return "gone"
+    keep = ("State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+    return f"pgid {group} " + " ".join(f"{k}={status.get(k, '?').strip()}" for k in keep) + f" threads {threads}"
 
 
 def test_a_cycle_on_vllm_engines_runs_whole_then_a_failed_one_leaves_nothing(tmp_path):
