@@ -22,8 +22,8 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
     returns ``rows`` without ``code`` plus status, passed, total, detail and ``reward``. ``progress``: told
     ``(graded, total)`` after each program.
 
-    A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests: their count is
-    ``table.attrs["public_only"]``. Wall times stay out of the table (identical verdicts must hash the same, or the
+    A problem without hidden tests (the public-only LCB v5 copy) is graded on its public tests (the stages count
+    them: ``graded_on_public_tests``). Wall times stay out of the table (identical verdicts must hash the same, or the
     downstream cache breaks): each program's is in the list ``table.attrs["time_s"]``.
     """
     from mars2.data.checks import gradable
@@ -40,7 +40,6 @@ def hidden_test_verdicts(rows: pd.DataFrame, problems: Mapping[str, Problem], gr
     table["total"] = [v.total for v in verdicts]
     table["detail"] = [v.detail for v in verdicts]
     table["reward"] = [correctness_reward(v.all_passed) for v in verdicts]
-    table.attrs["public_only"] = sum(not problems[pid].hidden_tests for pid in rows["problem_id"])
     table.attrs["time_s"] = [v.time_s for v in verdicts]
     return table
 
