@@ -1025,14 +1025,8 @@ def _require_vllm_cpu(where: str) -> None:
 
 
 def _validate_vllm_engine(where: str, m: AgentConfig, cfg: RunConfig) -> None:
-    """The ``backend`` group's engine must fit the agent's GPUs and hold a prompt plus the longest response; on a GPU
-    it samples at ``search.top_p`` = 1 (vLLM's V2 model runner, which GPU engines use, reports log-probs before
-    top-p: not those of the distribution the tokens were drawn from, which truncated importance sampling needs)."""
+    """The ``backend`` group's engine must fit the agent's GPUs and hold a prompt plus the longest response."""
     b = cfg.backend
-    if cfg.search.top_p < 1 and not m.device.startswith("cpu"):
-        _fail(f"{where}: search.top_p={cfg.search.top_p} with a vLLM engine on a GPU: its V2 model runner reports "
-              "the log-probs before top-p, so the rollout's would not be those of the distribution it sampled from",
-              "Use search.top_p=1 with vLLM agents on GPUs (every preset does), or the transformers backend.")
     tp = fixed_tp(m, b)
     if not 0 < b.gpu_memory_utilization <= 1 or (tp is not None and tp < 1) or b.max_model_len < 1:
         _fail("backend.gpu_memory_utilization must be in (0, 1], the tensor-parallel size and max_model_len >= 1",

@@ -87,8 +87,7 @@ def _load_backend(member: AgentConfig, owner: str, weight_records: dict[str, Sta
                                dtype=member.dtype, batch_size=batch_size, threads=threads, kind="vllm",
                                python=python, vllm=asdict(args), stop_token_ids=tuple(stops),
                                cuda_visible_devices=visible), tok
-        return VLLMBackend(args, python=python, stop_token_ids=stops, visible=visible,
-                           gpu=not device.startswith("cpu")), tok
+        return VLLMBackend(args, python=python, stop_token_ids=stops, visible=visible), tok
     if pool is not None and pool.persistent:  # the owner's engine for the whole run, these weights loaded in place
         from transformers import AutoTokenizer
 

@@ -72,20 +72,6 @@ def test_gpu_presets_validate_when_models_and_gpus_exist(preset, tmp_path, monke
         resolve(cfg, cuda_available=False)
 
 
-def test_a_vllm_agent_on_gpus_samples_without_nucleus_truncation(tmp_path, monkeypatch, paper_data):
-    """vLLM's V2 model runner (GPU engines) reports log-probs before top-p: at top_p < 1 they would not be the
-    sampling distribution's, which truncated importance sampling divides by; a transformers agent may truncate."""
-    monkeypatch.setenv("MARS2_MODELS", str(tmp_path))
-    cfg = load_cfg(["agents=heterogeneous_8b", "search.top_p=0.95", *paper_data])
-    for m in cfg.agents.members:
-        Path(m.model).mkdir(parents=True, exist_ok=True)
-    with pytest.raises(ConfigError, match="search.top_p=0.95 with a vLLM engine on a GPU"):
-        resolve(cfg, cuda_available=True)
-    transformers = [f"agents.members.{i}.backend=transformers" for i in range(len(cfg.agents.members))]
-    cfg = load_cfg(["agents=heterogeneous_8b", "search.top_p=0.95", *transformers, *paper_data])
-    assert resolve(cfg, cuda_available=True).search.top_p == 0.95
-
-
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_gpu_presets_fail_fast_without_model_folders(preset, monkeypatch, tmp_path):
     monkeypatch.setenv("MARS2_MODELS", str(tmp_path / "absent"))

@@ -171,7 +171,7 @@ def _started_environment(tmp_path, monkeypatch, **spec) -> list[str]:
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES|$OMP_NUM_THREADS|$VLLM_CPU_OMP_THREADS_BIND|"
-                    f"$TORCHINDUCTOR_VEC_ISA_OK|$VLLM_USE_V2_MODEL_RUNNER\" > {seen}\n"
+                    f"$TORCHINDUCTOR_VEC_ISA_OK\" > {seen}\n"
                     "exit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     for name in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "TORCHINDUCTOR_VEC_ISA_OK"):
@@ -184,20 +184,15 @@ def _started_environment(tmp_path, monkeypatch, **spec) -> list[str]:
 
 
 def test_the_engine_process_is_started_with_the_placed_devices(tmp_path, monkeypatch):
-    assert _started_environment(tmp_path, monkeypatch, device="cuda", cuda_visible_devices="4,5,6,7") == [
-        "4,5,6,7", "", "", "", "1"]  # and vLLM's V2 model runner, set: no engine falls back to V1 on its own
-
-
-def test_a_vllm_engine_on_a_gpu_keeps_the_model_runner_a_user_chose(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    assert _started_environment(tmp_path, monkeypatch, device="cuda", cuda_visible_devices="0")[-1] == "0"
+    assert _started_environment(tmp_path, monkeypatch, device="cuda", cuda_visible_devices="4,5,6,7") == ["4,5,6,7",
+                                                                                                            "", "", ""]
 
 
 def test_a_vllm_engine_on_the_cpu_gets_its_share_of_the_cores_unpinned(tmp_path, monkeypatch):
     """vLLM's CPU build pins each engine's OpenMP threads to all cores of the first NUMA node unless told otherwise: two
     engines of a run would spin on the same cores. Each gets its share (``threads``), unpinned, and trusts the CPU's
     vector ISA in inductor's builds (mars2.backends.vllm_env.engine_environment)."""
-    assert _started_environment(tmp_path, monkeypatch, device="cpu", threads=1) == ["", "1", "nobind", "1", ""]
+    assert _started_environment(tmp_path, monkeypatch, device="cpu", threads=1) == ["", "1", "nobind", "1"]
 
 
 def test_a_given_gpu_list_or_device_index_must_be_the_plans(paper_data):

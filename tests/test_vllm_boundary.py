@@ -212,6 +212,12 @@ class AsyncLLM:
                                                        logprobs=[{t: NS(logprob=-0.5)} for t in ids])])
 
     async def collective_rpc(self, method, kwargs=None):
+        armed = os.environ.get("FAKE_VLLM_WORKER_DIES", "")
+        if armed and os.path.exists(armed):  # once: a TP worker dies mid-call; the engine is marked dead 50 ms later
+            os.unlink(armed)
+            asyncio.get_running_loop().call_later(0.05, setattr, self, "core_dead", True)
+            log("worker died")
+            raise Exception(f"Call to collective_rpc method failed: cancelled")
         assert not self.asleep, "a reload into weights that sleep moved out"
         log("rpc", method, kwargs, self.in_flight)
         self.model = kwargs["weights_path"]
@@ -407,6 +413,32 @@ def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what
     starts = [e for e in events if e[0] == "start"]
     assert [e[1] for e in starts] == [ckpt["v1"], ckpt["v2"]]  # restarted from the weights it held
     assert [e[0] for e in events].count("died") == 1
+
+
+def test_a_tensor_parallel_worker_dying_in_a_load_restarts_the_engine_and_the_load_is_done(tmp_path, monkeypatch):
+    """With TP > 1 a worker that dies during ``reload_weights`` fails the call with a plain error ("collective_rpc ...
+    cancelled") and vLLM marks the engine dead only afterwards: the engine still counts it as its death (before: the
+    load was answered with that error and the stage failed, the engine ending half a second later), so its client
+    restarts it from the version it held and sends the load again, which succeeds."""
+    import json
+
+    from mars2.backends.engine import EngineClient
+
+    log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
+    armed = tmp_path / "worker-dies"
+    armed.touch()
+    monkeypatch.setenv("FAKE_VLLM_WORKER_DIES", str(armed))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    try:
+        engine.load(ckpt["v2"], "v2")
+        assert engine.starts == 2 and engine.health()["version"] == "v2"
+        params = SamplingParams(temperature=1.0, max_new_tokens=16)
+        assert engine.generate(["a"], params, [1])[0][0].text == f"{ckpt['v2']}|a"
+    finally:
+        engine.close()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e[1] for e in events if e[0] == "start"] == [ckpt["v1"], ckpt["v1"]]  # restarted from the version held
+    assert [e[0] for e in events].count("worker died") == 1
 
 
 def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_starts_another(tmp_path,

@@ -310,8 +310,7 @@ class EngineClient:
         placed = {"CUDA_VISIBLE_DEVICES": self.spec.cuda_visible_devices} if self.spec.cuda_visible_devices else {}
         on_cpu = self.spec.device.startswith("cpu")
         env = engine_environment(self.spec.python, {**os.environ, "MARS2_ENGINE_AUTHKEY": self._authkey.hex(), **placed},
-                                 cpu_threads=self.spec.threads if on_cpu else 0,
-                                 gpu=self.spec.kind == "vllm" and not on_cpu)
+                                 cpu_threads=self.spec.threads if on_cpu else 0)
         spec = asdict(self.spec) | {"own_group": True}  # started in a session of its own, below
         if self.spec.kind == "vllm":  # started (or restarted) from the latest weights
             spec["vllm"] = {**(self.spec.vllm or {}), "model": self.spec.model_dir}

@@ -6,10 +6,9 @@ rollout task never imports it. :class:`VLLMBackend` writes a JSON request file, 
 environment, and reads one JSON line per prompt back. Each call starts the engine from the agent's
 current checkpoint folder, so the weights of the last update are always the ones sampled from (weight
 reload = a new worker on the new folder). Log-probs are vLLM's *processed* log-probs of the sampled tokens, which
-truncated importance sampling compares against the trainer's: after temperature, and on the CPU build (vLLM's V1
-model runner) after top-p; vLLM 0.32's V2 model runner, which GPU engines are given
-(:func:`~mars2.backends.vllm_env.engine_environment`), takes them before top-k/top-p. The two agree at ``top_p = 1``,
-the only value the config allows for vLLM on GPUs.
+truncated importance sampling compares against the trainer's: after temperature and top-p, renormalised over the
+nucleus the token was drawn from, by both of vLLM 0.32's model runners (V1, which its CPU build runs, and V2, its
+default on CUDA), as by :func:`mars2.backends.sampler.next_tokens`.
 """
 
 from __future__ import annotations
@@ -109,9 +108,8 @@ class VLLMBackend:
     """A :class:`~mars2.backends.base.GenerationBackend` that runs vLLM in another Python environment."""
 
     def __init__(self, engine: VLLMEngineArgs, *, python: str = "python", timeout_s: float = 6 * 3600,
-                 stop_token_ids: list[int] | None = None, visible: str | None = None, gpu: bool = True):
+                 stop_token_ids: list[int] | None = None, visible: str | None = None):
         self.engine = engine
-        self.gpu = gpu  # its engines run on GPUs (vllm_env.engine_environment)
         self.visible = visible  # the GPUs its replicas share out (the plan's placement); None: this process's
         self.python = python
         self.timeout_s = timeout_s
@@ -134,7 +132,7 @@ class VLLMBackend:
                 req, resp = Path(tmp) / f"request{r}.json", Path(tmp) / f"response{r}.jsonl"
                 req.write_text(json.dumps(build_request([prompts[i] for i in shard], params, self.engine,
                                                         self.stop_token_ids, [seeds[i] for i in shard])))
-                env = engine_environment(self.python, {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]}, gpu=self.gpu)
+                env = engine_environment(self.python, {**os.environ, "CUDA_VISIBLE_DEVICES": devices[r]})
                 self.starts += 1
                 workers.append((shard, resp, subprocess.Popen(
                     [self.python, "-m", "mars2.backends.vllm_worker", str(req), str(resp)], env=env,

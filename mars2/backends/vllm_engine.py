@@ -17,8 +17,10 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   it started leaves no version;
 - sleep / wake: ``sleep(level=2)`` (weights and KV cache dropped) / ``wake_up()`` and a reload of the folder it held;
   a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
-- death: once ``AsyncLLM.errored`` (its engine core exited: ``EngineDeadError`` on every call), :attr:`VLLMEngine.dead`
-  ends the engine's process, unanswered, so that its client restarts it (``engine_server.died``);
+- death: once ``AsyncLLM.errored`` (its engine core or a worker exited: ``EngineDeadError`` on every call),
+  :attr:`VLLMEngine.dead` ends the engine's process, unanswered, so that its client restarts it
+  (``engine_server.died``); a control call that failed otherwise is such a death too when the engine is dead within
+  :data:`DEATH_GRACE_S`;
 - stop: ``shutdown()``.
 """
 
@@ -34,6 +36,11 @@ from concurrent.futures import Future
 
 
 CPU_MAX_NUM_SEQS = 256  # requests a CPU engine runs at once (vLLM's default)
+# With tensor parallelism a dying worker fails the control call in progress with a plain error ("collective_rpc ...
+# cancelled") before vLLM marks the engine dead: its executor is shut down first, and only then does the engine core
+# report itself dead (vLLM 0.32: v1/executor/multiproc_executor.py, v1/engine/core.py). Seconds a failed control call
+# waits to see which it was.
+DEATH_GRACE_S = 5.0
 
 
 class VLLMEngine:
@@ -74,10 +81,12 @@ class VLLMEngine:
         return bool(self.llm.errored)
 
     def _run(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(self._died_as_ours(coroutine), self.loop).result()
+        """A control call (reload, sleep, wake, prefix-cache reset), waited for."""
+        return asyncio.run_coroutine_threadsafe(self._died_as_ours(coroutine, DEATH_GRACE_S), self.loop).result()
 
-    async def _died_as_ours(self, coroutine):
-        """``coroutine``, with vLLM's ``EngineDeadError`` raised as :class:`~mars2.backends.base.EngineDied`."""
+    async def _died_as_ours(self, coroutine, grace_s: float = 0.0):
+        """``coroutine``, with vLLM's ``EngineDeadError`` raised as :class:`~mars2.backends.base.EngineDied`, and any
+        other error too when the engine turns out dead (:attr:`dead`) within ``grace_s`` of it."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         from mars2.backends.base import EngineDied
@@ -86,6 +95,13 @@ class VLLMEngine:
             return await coroutine
         except EngineDeadError as e:
             raise EngineDied(f"vLLM's engine core died: {e}") from e
+        except Exception as e:
+            deadline = self.loop.time() + grace_s
+            while not self.dead:
+                if self.loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
+            raise EngineDied(f"vLLM's engine died during the call: {type(e).__name__}: {e}") from e
 
     def submit(self, prompt: str, params, seed: int) -> Future:
         """One request → ``Future[Generation]``; it waits while a load or sleep holds the engine."""

@@ -62,11 +62,7 @@ def check(python: str | Path, timeout_s: float = 600.0) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-V2_MODEL_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_threads: int = 0,
-                       gpu: bool = False) -> dict[str, str]:
+def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_threads: int = 0) -> dict[str, str]:
     """The environment of an engine process run by ``python``: ``env`` (default: this process's) with this checkout
     first on ``PYTHONPATH``, so that any interpreter (the vLLM environment holds vLLM, not the project) runs this
     checkout's engine code, the same the client speaks to.
@@ -75,18 +71,10 @@ def engine_environment(python: str, env: dict[str, str] | None = None, *, cpu_th
     :func:`mars2.cpu.thread_environment` are that share, and vLLM's thread binding is off unless
     ``VLLM_CPU_OMP_THREADS_BIND`` is set (its default, ``auto``, pins every engine's OpenMP threads to all the cores of
     the first NUMA node, so the engines of a run spin on the same cores), and inductor trusts the CPU's vector ISA
-    (``TORCHINDUCTOR_VEC_ISA_OK=1``, see the comment below).
-
-    ``gpu`` (an engine on GPUs): vLLM's V2 model runner, unless ``$VLLM_USE_V2_MODEL_RUNNER`` says otherwise. It is
-    vLLM 0.32's own choice on CUDA where nothing it lacks is asked for; set, so that no engine of a run falls back to
-    V1 on its own: the two runners take processed log-probs at different points (V2 before top-p, V1 after it), and
-    the config allows only ``top_p = 1``, where they agree, with vLLM on GPUs. The CPU build has no V2 (it needs
-    Triton)."""
+    (``TORCHINDUCTOR_VEC_ISA_OK=1``, see the comment below)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)  # read by vLLM's CPU build only
-    if gpu:
-        env.setdefault(V2_MODEL_RUNNER, "1")
     if cpu_threads > 0:
         env.update(thread_environment(cpu_threads))
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
