@@ -372,6 +372,13 @@ def _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1", "v2")):
     return log, {v: str(f) for v, f in folders.items()}
 
 
+def _arm(tmp_path, monkeypatch, variable: str) -> None:
+    """Arm one of the stand-in's once-only deaths (the file it names goes at the death: a restarted engine lives)."""
+    armed = tmp_path / variable.lower()
+    armed.touch()
+    monkeypatch.setenv(variable, str(armed))
+
+
 def _stand_in_spec(model_dir: str):
     from dataclasses import asdict
 
@@ -392,9 +399,7 @@ def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what
     from mars2.backends.engine import EngineClient
 
     log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
-    armed = tmp_path / "die"
-    armed.touch()
-    monkeypatch.setenv("FAKE_VLLM_DIE", str(armed))
+    _arm(tmp_path, monkeypatch, "FAKE_VLLM_DIE")
     engine = EngineClient(_stand_in_spec(ckpt["v1"]))
     try:
         engine.load(ckpt["v2"], "v2")
@@ -425,9 +430,7 @@ def test_a_tensor_parallel_worker_dying_in_a_load_restarts_the_engine_and_the_lo
     from mars2.backends.engine import EngineClient
 
     log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
-    armed = tmp_path / "worker-dies"
-    armed.touch()
-    monkeypatch.setenv("FAKE_VLLM_WORKER_DIES", str(armed))
+    _arm(tmp_path, monkeypatch, "FAKE_VLLM_WORKER_DIES")
     engine = EngineClient(_stand_in_spec(ckpt["v1"]))
     try:
         engine.load(ckpt["v2"], "v2")
