@@ -232,11 +232,19 @@ class AsyncLLM:
         log("sleep", level)
 
     async def wake_up(self):
+        oom = os.environ.get("FAKE_VLLM_WAKE_OOM", "")
+        if oom and os.path.exists(oom):  # the update still holds the GPU
+            raise Exception("Call to collective_rpc method failed: CUDA out of memory")
         self.asleep = False
         log("wake")
 
-    def shutdown(self):
+    def shutdown(self):  # as vLLM's: the engine is marked dead, what is in flight fails with EngineDeadError; a
+        first = not self.core_dead  # second call returns at once
+        self.core_dead = True
         log("shutdown")
+        if first:
+            import time
+            time.sleep(float(os.environ.get("FAKE_VLLM_SHUTDOWN_S", "0")))
 ''',
 }
 
@@ -379,13 +387,13 @@ def _arm(tmp_path, monkeypatch, variable: str) -> None:
     monkeypatch.setenv(variable, str(armed))
 
 
-def _stand_in_spec(model_dir: str):
+def _stand_in_spec(model_dir: str, tp: int = 1):
     from dataclasses import asdict
 
     from mars2.backends.engine import EngineSpec
 
     return EngineSpec("qwen", model_dir, model_dir, version="v1", device="cuda", kind="vllm", python=sys.executable,
-                      vllm=asdict(VLLMEngineArgs(model=model_dir)), stop_token_ids=(7,))
+                      vllm=asdict(VLLMEngineArgs(model=model_dir, tensor_parallel_size=tp)), stop_token_ids=(7,))
 
 
 def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what_was_in_flight(tmp_path,
@@ -431,7 +439,7 @@ def test_a_tensor_parallel_worker_dying_in_a_load_restarts_the_engine_and_the_lo
 
     log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
     _arm(tmp_path, monkeypatch, "FAKE_VLLM_WORKER_DIES")
-    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"], tp=2))
     try:
         engine.load(ckpt["v2"], "v2")
         assert engine.starts == 2 and engine.health()["version"] == "v2"
@@ -442,6 +450,46 @@ def test_a_tensor_parallel_worker_dying_in_a_load_restarts_the_engine_and_the_lo
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e[1] for e in events if e[0] == "start"] == [ckpt["v1"], ckpt["v1"]]  # restarted from the version held
     assert [e[0] for e in events].count("worker died") == 1
+
+
+def test_a_wake_that_fails_without_a_death_fails_each_request_at_once(tmp_path, monkeypatch):
+    """A sleeping TP 2 engine whose wake fails with an error that is no worker's death (out of memory: the update
+    still holds the GPU): each queued request is answered with the error at once, not after the grace a dying
+    worker's error gets (5 s each, one after the other)."""
+    from mars2.backends.engine import EngineClient, EngineError
+
+    _, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1",))
+    oom = tmp_path / "oom"
+    monkeypatch.setenv("FAKE_VLLM_WAKE_OOM", str(oom))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"], tp=2))
+    try:
+        engine.sleep()
+        oom.touch()
+        started = time.monotonic()
+        futures = [engine.submit(f"p{i}", SamplingParams(max_new_tokens=4), seed=i) for i in range(5)]
+        for f in futures:
+            with pytest.raises(EngineError, match="CUDA out of memory"):
+                f.result(timeout=60)
+        assert time.monotonic() - started < 3 and engine.starts == 1
+    finally:
+        engine.close()
+
+
+def test_closing_an_engine_with_requests_in_flight_is_no_death(tmp_path, monkeypatch):
+    """vLLM's shutdown marks its engine dead and fails the requests in flight with ``EngineDeadError``: closing an
+    engine then is a clean exit (its folder removed), not a death that races the shutdown's answer (before: the
+    client could wait 10 s for it, and the log said the engine died)."""
+    from mars2.backends.engine import EngineClient
+
+    _, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1",))
+    monkeypatch.setenv("FAKE_VLLM_SHUTDOWN_S", "0.6")
+    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    folder = engine._folder
+    engine.submit("p", SamplingParams(max_new_tokens=4), seed=1)
+    started = time.monotonic()
+    engine.close()
+    assert time.monotonic() - started < 5
+    assert not folder.exists()  # a clean exit (code 0, one start): the log was not kept
 
 
 def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_starts_another(tmp_path,

@@ -13,6 +13,7 @@ an id, every answer names the id it answers, and answers come back in the order 
                                                     engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
+    any request that fails because the engine died   → no answer: the process exits (code 70), the client restarts it
 
 A "sample" request joins the engine's running batch at its next decode step (transformers: continuous batching,
 :mod:`mars2.backends.continuous`; vLLM: ``AsyncLLM``), so many requests are in flight at once and each is answered

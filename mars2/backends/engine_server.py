@@ -251,6 +251,7 @@ def serve(conn, state: EngineState) -> None:
                     state.connections -= 1
                 return
             if message[0] == "shutdown":
+                _stopping.set()  # vLLM's shutdown marks its engine dead and fails what is in flight: not a death
                 with contextlib.suppress(Exception):
                     state.engine.shutdown()
                 answer(request_id)("ok", None)

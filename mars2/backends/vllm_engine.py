@@ -19,8 +19,8 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
 - death: once ``AsyncLLM.errored`` (its engine core or a worker exited: ``EngineDeadError`` on every call),
   :attr:`VLLMEngine.dead` ends the engine's process, unanswered, so that its client restarts it
-  (``engine_server.died``); a control call that failed otherwise is such a death too when the engine is dead within
-  :data:`DEATH_GRACE_S`;
+  (``engine_server.died``); with more than one worker per engine a control call that failed in vLLM's words for a
+  dying worker is such a death too when the engine is dead within :data:`DEATH_GRACE_S`;
 - stop: ``shutdown()``.
 """
 
@@ -36,11 +36,13 @@ from concurrent.futures import Future
 
 
 CPU_MAX_NUM_SEQS = 256  # requests a CPU engine runs at once (vLLM's default)
-# With tensor parallelism a dying worker fails the control call in progress with a plain error ("collective_rpc ...
-# cancelled") before vLLM marks the engine dead: its executor is shut down first, and only then does the engine core
-# report itself dead (vLLM 0.32: v1/executor/multiproc_executor.py, v1/engine/core.py). Seconds a failed control call
-# waits to see which it was.
+# With more than one worker per engine (tensor or pipeline parallelism) a dying worker fails the control call in
+# progress with a plain error before vLLM marks the engine dead: its executor is shut down first, and only then does
+# the engine core report itself dead (vLLM 0.32: v1/executor/multiproc_executor.py, v1/engine/core.py). Such a call,
+# failed with vLLM's wording for it, waits up to DEATH_GRACE_S seconds to see whether the engine died; any other
+# failure (a CUDA out-of-memory on wake, a bad folder) is answered at once.
 DEATH_GRACE_S = 5.0
+DEATH_WORDING = ("cancelled", "Executor failed")  # shm_broadcast's read cancelled by the shutdown; a failed executor
 
 
 class VLLMEngine:
@@ -52,6 +54,8 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.stop_token_ids = list(stop_token_ids)
+        self.workers = int(engine_args.get("tensor_parallel_size") or 1) * int(
+            engine_args.get("pipeline_parallel_size") or 1)  # per engine (each data-parallel replica has its own)
         self.model_dir = self.first_model_dir = engine_args["model"]
         self.tensors: frozenset[str] | None = None  # the first folder's: what every later one must hold (check)
         # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
@@ -82,11 +86,12 @@ class VLLMEngine:
 
     def _run(self, coroutine):
         """A control call (reload, sleep, wake, prefix-cache reset), waited for."""
-        return asyncio.run_coroutine_threadsafe(self._died_as_ours(coroutine, DEATH_GRACE_S), self.loop).result()
+        grace_s = DEATH_GRACE_S if self.workers > 1 else 0.0
+        return asyncio.run_coroutine_threadsafe(self._died_as_ours(coroutine, grace_s), self.loop).result()
 
     async def _died_as_ours(self, coroutine, grace_s: float = 0.0):
-        """``coroutine``, with vLLM's ``EngineDeadError`` raised as :class:`~mars2.backends.base.EngineDied`, and any
-        other error too when the engine turns out dead (:attr:`dead`) within ``grace_s`` of it."""
+        """``coroutine``, with vLLM's ``EngineDeadError`` raised as :class:`~mars2.backends.base.EngineDied`, and an
+        error in :data:`DEATH_WORDING` too when the engine turns out dead (:attr:`dead`) within ``grace_s`` of it."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         from mars2.backends.base import EngineDied
@@ -96,7 +101,7 @@ class VLLMEngine:
         except EngineDeadError as e:
             raise EngineDied(f"vLLM's engine core died: {e}") from e
         except Exception as e:
-            deadline = self.loop.time() + grace_s
+            deadline = self.loop.time() + (grace_s if any(w in str(e) for w in DEATH_WORDING) else 0.0)
             while not self.dead:
                 if self.loop.time() >= deadline:
                     raise
