@@ -247,7 +247,8 @@ def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(en
 def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at_the_same_version(engine):
     """vLLM's engine core (a child of the engine's process) is killed with SIGKILL while eight requests are in
     flight: vLLM marks the engine dead; its process ends, the client restarts it once from the version it held and
-    sends the eight again (the new engine receives them), each answered with the tokens its seed gave before."""
+    sends again those not yet answered (the new engine receives them), each answered with the tokens its seed gave
+    before."""
     import threading
 
     params = SamplingParams(temperature=1.0, max_new_tokens=256)
@@ -270,7 +271,9 @@ def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at
     assert [g[0].response_ids for g in answers["out"]] == [g[0].response_ids for g in before]
     health = engine.health()
     assert engine.starts == 2 and health["pid"] != server and health["version"] == version
-    assert health["requests"] >= 8 and not health["dead"]  # the eight were sent again to the new engine
+    # what the old engine had not answered when its core died was sent again to the new one (a request that had
+    # sampled its end token already was answered before the kill)
+    assert 1 <= health["requests"] <= 8 and not health["dead"]
     assert not _alive(server)
 
 
