@@ -141,6 +141,19 @@ def test_an_evaluation_killed_in_its_trees_resumes_its_samples_and_finished_tree
     assert not list((killed / "artifacts" / "evaluation").glob("*.journal"))
 
 
+def _kill_once_kept(run: subprocess.Popen, folder: Path, shards: str, timeout_s: float) -> None:
+    """SIGKILL ``run`` as soon as its journal holds a shard (``folder.glob(shards)``); it must not end before."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not list(folder.glob(shards)):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no unit was ever kept"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.communicate()
+
+
 GRADE = """
 import sys
 import pandas as pd
@@ -177,16 +190,7 @@ def test_grading_killed_between_chunks_keeps_the_chunks_it_finished_and_grades_t
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
     journal = tmp_path / "killed.journal"
-    run = grade(journal, tmp_path / "unused.parquet")
-    try:
-        deadline = time.monotonic() + 300
-        while not list(journal.glob("verdicts/*.parquet")):
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no chunk was ever finished"
-            time.sleep(0.05)
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.communicate()
+    _kill_once_kept(grade(journal, tmp_path / "unused.parquet"), journal, "verdicts/*.parquet", 300)
     kept = len(list(journal.glob("verdicts/*.parquet")))
     assert 1 <= kept < 4 and not (tmp_path / "unused.parquet").exists()
     again = grade(journal, tmp_path / "resumed.parquet")
@@ -214,16 +218,7 @@ def test_a_gate_killed_after_a_generation_phase_resumes_the_phases_it_finished(t
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
 
     killed = tmp_path / "killed"
-    run = start(killed)
-    try:
-        deadline = time.monotonic() + 600
-        while not list((killed / "artifacts" / "gate").glob("*.journal/attempts/*.parquet")):
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no generation phase was ever finished"
-            time.sleep(0.05)
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.communicate()
+    _kill_once_kept(start(killed), killed / "artifacts" / "gate", "*.journal/attempts/*.parquet", 600)
     (journal,) = (killed / "artifacts" / "gate").glob("*.journal")
     kept = len(list(journal.glob("attempts/*.parquet")))
     again = start(killed)

@@ -194,10 +194,15 @@ def handle(state: EngineState, message: tuple, reply) -> None:
         else:
             reply("error", f"unknown request {kind!r}")
     except Exception as e:
-        if isinstance(e, EngineDied) or state.engine.dead:
+        if is_death(state, e):
             died(state, e)  # unanswered: the client sends it again to the engine it restarts
         else:  # the engine stays up; the client raises with this message
             reply("error", f"{type(e).__name__}: {e}")
+
+
+def is_death(state: EngineState, error: BaseException) -> bool:
+    """Whether ``error`` came of the engine's death (then its request goes unanswered)."""
+    return isinstance(error, EngineDied) or state.engine.dead
 
 
 def answered(state: EngineState, future, reply) -> None:
@@ -205,7 +210,7 @@ def answered(state: EngineState, future, reply) -> None:
     error = future.exception()
     if error is None:
         reply("ok", future.result())
-    elif isinstance(error, EngineDied) or state.engine.dead:
+    elif is_death(state, error):
         died(state, error)
     else:
         reply("error", f"{type(error).__name__}: {error}")
@@ -263,8 +268,8 @@ def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> Non
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
     so no stage attaches to a service on its way out (a TCP service's port file goes, and the connections it
     accepts from then on are closed unserved); a shutdown that hangs for ``grace_s`` gives way to SIGKILL of the
-    engine's process group (its children with it). The process exits with ``code``. The listener's accept() does not wake up on its own, hence
-    ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
+    engine's process group (its children with it). The process exits with ``code``. The listener's accept() does
+    not wake up on its own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
     _stopping.set()  # a TCP service's listener stays open until the exit: connections from now on are closed
     if _address:
         with contextlib.suppress(OSError):

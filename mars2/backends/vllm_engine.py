@@ -81,7 +81,8 @@ class VLLMEngine:
 
     @property
     def dead(self) -> bool:
-        """vLLM's engine core has exited (``AsyncLLM.errored``): every call from now on fails."""
+        """vLLM's engine core or one of its workers has exited (``AsyncLLM.errored``): every call from now on
+        fails."""
         return bool(self.llm.errored)
 
     def _run(self, coroutine):
