@@ -718,9 +718,10 @@ def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(t
     assert engine.pid is None
 
 
-def test_an_engine_that_crashes_while_asleep_is_restarted_asleep(tiny_model_dir):
-    """Between stages the engine sleeps so that the update has the device; if it crashes then, its restart must not
-    take the device back before the next stage asks for it."""
+def test_an_engine_that_crashes_while_asleep_is_restarted_asleep_by_the_next_request(tiny_model_dir):
+    """Between stages the engine sleeps so that the update has the device; if it crashes then, it is not started
+    again before the next request (the update may hold the memory a start needs), and a request that does not wake
+    it finds it restarted asleep."""
     engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
     try:
         engine.generate(["x"], PARAMS, [1])
@@ -728,9 +729,12 @@ def test_an_engine_that_crashes_while_asleep_is_restarted_asleep(tiny_model_dir)
         old = engine.pid
         os.kill(old, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while (engine.pid == old or engine.pid is None) and time.monotonic() < deadline:
+        while not engine._lost and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert engine.starts == 2 and engine.health()["asleep"]
+        time.sleep(0.5)
+        assert engine._lost and engine.starts == 1
+        health = engine.health()
+        assert engine.starts == 2 and engine.pid != old and health["asleep"]
         assert engine.generate(["x"], PARAMS, [1]) and not engine.health()["asleep"]
     finally:
         engine.close()
@@ -816,6 +820,65 @@ def test_an_answer_that_cannot_be_pickled_reaches_its_caller_as_an_error():
     ours.close()
     server.join(10)
     assert not server.is_alive() and state.connections == 0
+
+
+def test_a_dying_engine_answers_nothing_more_but_its_shutdown(monkeypatch):
+    """Once its engine has died (``engine_server.died``) the process is on its way out and answers nothing more,
+    not even an immediate error: a load that died part-way leaves the weights no version, and the request read next
+    was answered "no version" (before), failing a request that the restarted engine serves; its client sends both
+    again to the engine it restarts. A shutdown is still answered. The process is stopped once, however often the
+    watch finds the engine dead. ``serve`` runs here on a real connection; ``stop`` and the exit are recorded."""
+    from multiprocessing import Pipe
+
+    from mars2.backends import engine_server
+    from mars2.backends.base import EngineDied
+    from mars2.backends.engine_server import EngineState, died, serve
+
+    stops, exits = [], []
+    monkeypatch.setattr(engine_server, "_dying", threading.Event(), raising=False)
+    monkeypatch.setattr(engine_server, "_stopping", threading.Event())
+    monkeypatch.setattr(engine_server, "stop", lambda state, code=0: stops.append(code))
+
+    monkeypatch.setattr(os, "_exit", exits.append)  # the serve thread reads on, until the connection closes
+
+    class DyingEngine:
+        dead = False
+
+        def check(self, model_dir):
+            pass
+
+        @contextlib.contextmanager
+        def drained(self):
+            yield
+
+        def load(self, model_dir):
+            self.dead = True
+            raise EngineDied("the engine core died")
+
+        def shutdown(self):
+            pass
+
+    ours, theirs = Pipe()
+    state = EngineState(DyingEngine(), "model-v1", "v1")
+    server = threading.Thread(target=serve, args=(theirs, state), daemon=True)
+    server.start()
+    ours.send((1, "load", "model-v2", "v2"))
+    ours.send((2, "sample", "v1", "x", vars(PARAMS), 1))
+    ours.send((3, "health"))
+    assert not ours.poll(1.0), f"a dying engine answered {ours.recv()}"
+    assert state.version is None
+    for _ in range(3):  # the watch's polls
+        died(state)
+    ours.send((4, "shutdown"))
+    assert ours.poll(10) and ours.recv() == (4, "ok", None)
+    ours.close()
+    server.join(10)
+    assert exits == [0] and not server.is_alive()
+    deadline = time.monotonic() + 5
+    while not stops and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert stops == [engine_server.DIED_EXIT]
 
 
 def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shutdown_hangs(tmp_path):

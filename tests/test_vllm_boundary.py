@@ -524,6 +524,37 @@ def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_
         (service_dir.parent / "STOP").write_text("")
 
 
+def test_an_engine_that_dies_asleep_is_restarted_by_the_next_request_not_at_once(tmp_path, monkeypatch):
+    """The engine core of a sleeping engine dies between stages (the update holds the accelerator): its client does
+    not start it again at once (before: its reader did, and on a GPU the start fails for want of memory, failing the
+    next stage, or takes the update's memory); the next request restarts it, from the version it held, and is
+    answered."""
+    import json
+
+    from mars2.backends.engine import EngineClient
+
+    log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1",))
+    killed = tmp_path / "kill"
+    monkeypatch.setenv("FAKE_VLLM_KILL", str(killed))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    try:
+        engine.sleep()
+        pid = engine.pid
+        killed.write_text(str(pid))  # its engine core dies; the server's watch sees it and exits
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the engine server outlived its engine"
+        time.sleep(2.0)  # a restart by the reader would have started the new engine by now
+        starts = [e for e in map(json.loads, log.read_text().splitlines()) if e[0] == "start"]
+        assert engine.starts == 1 and len(starts) == 1
+        params = SamplingParams(temperature=1.0, max_new_tokens=16)
+        assert engine.generate(["a"], params, [1])[0][0].text == f"{ckpt['v1']}|a"
+        assert engine.starts == 2 and engine.pid != pid and engine.health()["version"] == "v1"
+    finally:
+        engine.close()
+
+
 def _alive(pid: int) -> bool:
     from pathlib import Path
 

@@ -13,7 +13,7 @@ an id, every answer names the id it answers, and answers come back in the order 
                                                     engine counters})
     (id, "shutdown")                                                   → (id, "ok", None), then the process exits
     any request that fails                                             → (id, "error", message)
-    any request that fails because the engine died   → no answer: the process exits (code 70), the client restarts it
+    any request once the engine died                 → no answer: the process exits (code 70), the client restarts it
 
 A "sample" request joins the engine's running batch at its next decode step (transformers: continuous batching,
 :mod:`mars2.backends.continuous`; vLLM: ``AsyncLLM``), so many requests are in flight at once and each is answered
@@ -25,7 +25,8 @@ engine holds is refused.
 seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation]`` the tree search uses. It starts
 the engine (``python -m mars2.backends.engine_server``: transformers on CPU or one GPU, or vLLM in its own
 environment), restarts it once if it crashes or its engine dies (with the latest weights, sending again every
-request not yet answered; a second crash is an :class:`EngineError` naming the agent), and stops it on
+request not yet answered; one that crashed asleep with nothing in flight, at the next request; a second crash is an
+:class:`EngineError` naming the agent), and stops it on
 :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine
 outlives its run. With ``service_dir`` the engine is instead a node service shared by the stages of a run on one
 node, and with ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
@@ -185,6 +186,7 @@ class EngineClient:
         self._failed: EngineError | None = None
         self._closing = False
         self._asleep = False  # after sleep(), until a request or load wakes it: a restart puts it back to sleep
+        self._lost = False  # it died while asleep with nothing in flight: the next request restarts it
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
@@ -387,10 +389,16 @@ class EngineClient:
         with self._lock:
             if self._failed is not None:
                 raise self._failed
-            request_id = next(self._ids)
-            self._pending[request_id] = (message, future)
             if message[0] in ("sample", "load"):
                 self._asleep = False
+            if self._lost:  # it died while asleep: started again now, before this request
+                resend = self._restart()
+                if resend is None:
+                    raise self._failed
+                self._send_lock.acquire()
+                self._resend(self._conn, resend)
+            request_id = next(self._ids)
+            self._pending[request_id] = (message, future)
             conn = self._conn
         with self._send_lock:  # not under self._lock: the reader needs that to take answers off a full socket
             try:
@@ -423,32 +431,50 @@ class EngineClient:
             if self._closing or conn is not self._conn:
                 return
             self._kill()
-            if self.restarts_left <= 0:
-                self._fail(EngineError(f"the engine of agent {self.spec.agent!r} crashed and was already restarted "
-                                       f"once; its log: {self._log_where()}\n{self._log_tail()}"))
+            if self._asleep and not self._pending:  # between stages: restarted by the next request, not now, when
+                self._lost = True  # the update may hold the accelerator (a start would fail or take its memory)
                 return
-            self.restarts_left -= 1
-            try:
-                if self.provide is not None:  # its node restarts it (or another stage has already)
-                    self._attach_remote(keep_version=True)
-                else:
-                    with self._service_lock():  # a shared service may have been restarted by another stage already
-                        if not self._attach(keep_version=True):
-                            self._start()  # from the latest weights (self.spec)
-            except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
-                self._fail(e if isinstance(e, EngineError) else EngineError(
-                    f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
-                    f"{e}; its log: {self._log_where()}"))
+            resend = self._restart()
+            if resend is None:
                 return
-            resend = sorted(self._pending.items())
-            sleep_first = self._asleep and not any(message[0] == "sample" for _, (message, _) in resend)
             new = self._conn
             self._send_lock.acquire()  # requests sent from now on go after the resent ones
-        try:  # without self._lock: the new reader takes answers off the socket meanwhile, or a large resend could
-            if sleep_first:  # fill it while the engine waits for its answers to be read
-                new.send((next(self._ids), "sleep"))  # it crashed between stages: keep the device free
-            for request_id, (message, _) in resend:
-                new.send((request_id, *message))
+        self._resend(new, resend)
+
+    def _restart(self) -> list | None:
+        """Start the engine again (once), from the latest weights, holding ``self._lock``; the requests to send it
+        again (and a sleep first, while the engine was asleep), or None when it could not be (the callers waiting
+        on it have failed)."""
+        self._lost = False
+        if self.restarts_left <= 0:
+            self._fail(EngineError(f"the engine of agent {self.spec.agent!r} crashed and was already restarted "
+                                   f"once; its log: {self._log_where()}\n{self._log_tail()}"))
+            return None
+        self.restarts_left -= 1
+        try:
+            if self.provide is not None:  # its node restarts it (or another stage has already)
+                self._attach_remote(keep_version=True)
+            else:
+                with self._service_lock():  # a shared service may have been restarted by another stage already
+                    if not self._attach(keep_version=True):
+                        self._start()  # from the latest weights (self.spec)
+        except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
+            self._fail(e if isinstance(e, EngineError) else EngineError(
+                f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
+                f"{e}; its log: {self._log_where()}"))
+            return None
+        resend = [(request_id, message) for request_id, (message, _) in sorted(self._pending.items())]
+        if self._asleep and not any(message[0] == "sample" for _, message in resend):
+            resend.insert(0, (next(self._ids), ("sleep",)))  # it crashed between stages: keep the device free
+        return resend
+
+    def _resend(self, conn, resend: list) -> None:
+        """Send ``resend`` on the new connection, with ``self._send_lock`` held (released here): without
+        ``self._lock``, so that the new reader takes answers off the socket meanwhile (a large resend could fill it
+        while the engine waits for its answers to be read)."""
+        try:
+            for request_id, message in resend:
+                conn.send((request_id, *message))
         except OSError:
             pass  # the new engine is gone too: its reader restarts or fails
         finally:

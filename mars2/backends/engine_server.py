@@ -221,9 +221,12 @@ DIED_EXIT = 70  # the exit code of an engine server whose engine died (EX_SOFTWA
 
 def died(state: EngineState, error: BaseException | None = None) -> None:
     """The engine can serve nothing more: the process ends (:func:`stop`, exit code :data:`DIED_EXIT`) on a thread
-    of its own (this may be vLLM's event loop, which the shutdown needs), answering nothing."""
-    if _stopping.is_set():
-        return
+    of its own (this may be vLLM's event loop, which the shutdown needs); from this call on, nothing is answered
+    (:data:`_dying`: an error answered meanwhile would fail a request the restarted engine can serve)."""
+    with _dying_lock:
+        if _stopping.is_set() or _dying.is_set():
+            return
+        _dying.set()
     print(f"the engine died ({type(error).__name__ + ': ' + str(error) if error else 'found by the watch'}); "
           "exiting, so that its client restarts it", file=sys.stderr, flush=True)
     threading.Thread(target=stop, args=(state,), kwargs={"code": DIED_EXIT}, daemon=True, name="died").start()
@@ -232,8 +235,10 @@ def died(state: EngineState, error: BaseException | None = None) -> None:
 def serve(conn, state: EngineState) -> None:
     send_lock = threading.Lock()  # answers come from this thread and from the engine's threads
 
-    def answer(request_id: int):
+    def answer(request_id: int, *, closing: bool = False):
         def reply(status: str, value) -> None:
+            if _dying.is_set() and not closing:
+                return  # the client sends it again to the engine it restarts
             with send_lock:
                 try:
                     conn.send((request_id, status, value))
@@ -259,9 +264,10 @@ def serve(conn, state: EngineState) -> None:
                 _stopping.set()  # vLLM's shutdown marks its engine dead and fails what is in flight: not a death
                 with contextlib.suppress(Exception):
                     state.engine.shutdown()
-                answer(request_id)("ok", None)
+                answer(request_id, closing=True)("ok", None)  # also while dying: its client closes it
                 os._exit(0)  # the listener's accept() does not wake up on its own
-            handle(state, tuple(message), answer(request_id))
+            if not _dying.is_set():
+                handle(state, tuple(message), answer(request_id))
 
 
 def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> None:
@@ -291,6 +297,8 @@ def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> Non
 
 _address = ""  # the engine's socket, or a TCP service's port file (set by main)
 _stopping = threading.Event()  # set by stop(): no connection is served from then on
+_dying = threading.Event()  # set by died(): no request is answered from then on
+_dying_lock = threading.Lock()  # died() is called from the serve threads, vLLM's event loop and the watch
 _own_group = False  # the client started it in a session of its own (set by main)
 
 
