@@ -881,6 +881,67 @@ def test_a_dying_engine_answers_nothing_more_but_its_shutdown(monkeypatch):
     assert stops == [engine_server.DIED_EXIT]
 
 
+def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answered_no_version(monkeypatch):
+    """A node service shared by two stages: one stage's load dies part-way (its weights are no version), while the
+    other stage's request waits for the engine. The death is decided before the load lets the engine go (before:
+    only after, and the other stage's request, taking the engine in between, was answered "no version", failing a
+    request the restarted engine serves). Two real connections to ``serve``; the failed load's thread is made slow to
+    go on once it has let the engine go."""
+    from multiprocessing import Pipe
+
+    from mars2.backends import engine_server
+    from mars2.backends.base import EngineDied
+    from mars2.backends.engine_server import EngineState, serve
+
+    stops = []
+    monkeypatch.setattr(engine_server, "_dying", threading.Event(), raising=False)
+    monkeypatch.setattr(engine_server, "_stopping", threading.Event())
+    monkeypatch.setattr(engine_server, "stop", lambda state, code=0: stops.append(code))
+
+    class SlowAfterFailure:  # the engine's lock; a holder leaving with an error lingers after releasing it
+        def __init__(self):
+            self.lock = threading.RLock()
+
+        def __enter__(self):
+            self.lock.acquire()
+
+        def __exit__(self, kind, *_):
+            self.lock.release()
+            if kind is not None:
+                time.sleep(0.5)
+
+    class DyingEngine:
+        dead = False
+
+        def check(self, model_dir):
+            pass
+
+        @contextlib.contextmanager
+        def drained(self):
+            yield
+
+        def load(self, model_dir):
+            time.sleep(0.3)  # the other stage's request comes meanwhile
+            self.dead = True
+            raise EngineDied("the engine core died")
+
+    state = EngineState(DyingEngine(), "model-v1", "v1", lock=SlowAfterFailure())
+    connections = [Pipe() for _ in range(2)]
+    servers = [threading.Thread(target=serve, args=(theirs, state), daemon=True) for _, theirs in connections]
+    for server in servers:
+        server.start()
+    (first, _), (second, _) = connections
+    first.send((1, "load", "model-v2", "v2"))
+    time.sleep(0.1)
+    second.send((1, "sample", "v1", "x", vars(PARAMS), 1))
+    assert not second.poll(1.5), f"the other stage was answered {second.recv()}"
+    assert not first.poll(0) and state.version is None and stops == [engine_server.DIED_EXIT]
+    for ours, _ in connections:
+        ours.close()
+    for server in servers:
+        server.join(10)
+
+
 def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shutdown_hangs(tmp_path):
     """``engine_server.stop``: nothing may attach to an engine on its way out, so the socket goes before the shutdown;
     a shutdown that hangs past its grace gives way to SIGKILL of the engine's process group, whatever it started

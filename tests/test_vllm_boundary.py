@@ -387,13 +387,14 @@ def _arm(tmp_path, monkeypatch, variable: str) -> None:
     monkeypatch.setenv(variable, str(armed))
 
 
-def _stand_in_spec(model_dir: str, tp: int = 1):
+def _stand_in_spec(model_dir: str, tp: int = 1, dp: int = 1):
     from dataclasses import asdict
 
     from mars2.backends.engine import EngineSpec
 
     return EngineSpec("qwen", model_dir, model_dir, version="v1", device="cuda", kind="vllm", python=sys.executable,
-                      vllm=asdict(VLLMEngineArgs(model=model_dir, tensor_parallel_size=tp)), stop_token_ids=(7,))
+                      vllm=asdict(VLLMEngineArgs(model=model_dir, tensor_parallel_size=tp, data_parallel_size=dp)),
+                      stop_token_ids=(7,))
 
 
 def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what_was_in_flight(tmp_path,
@@ -428,18 +429,21 @@ def test_a_vllm_engine_whose_core_dies_mid_request_is_restarted_and_answers_what
     assert [e[0] for e in events].count("died") == 1
 
 
-def test_a_tensor_parallel_worker_dying_in_a_load_restarts_the_engine_and_the_load_is_done(tmp_path, monkeypatch):
-    """With TP > 1 a worker that dies during ``reload_weights`` fails the call with a plain error ("collective_rpc ...
+@pytest.mark.parametrize("tp, dp", [(2, 1), (1, 2)])
+def test_a_worker_dying_in_a_load_restarts_the_engine_and_the_load_is_done(tmp_path, monkeypatch, tp, dp):
+    """With worker processes of their own (vLLM's "mp" executor: TP × PP × DP > 1, so also data-parallel replicas of
+    TP 1) a worker that dies during ``reload_weights`` fails the call with a plain error ("collective_rpc ...
     cancelled") and vLLM marks the engine dead only afterwards: the engine still counts it as its death (before: the
-    load was answered with that error and the stage failed, the engine ending half a second later), so its client
-    restarts it from the version it held and sends the load again, which succeeds."""
+    load was answered with that error and the stage failed, the engine ending half a second later; at TP 1 and DP 2
+    so until this case was seen), so its client restarts it from the version it held and sends the load again, which
+    succeeds."""
     import json
 
     from mars2.backends.engine import EngineClient
 
     log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch)
     _arm(tmp_path, monkeypatch, "FAKE_VLLM_WORKER_DIES")
-    engine = EngineClient(_stand_in_spec(ckpt["v1"], tp=2))
+    engine = EngineClient(_stand_in_spec(ckpt["v1"], tp=tp, dp=dp))
     try:
         engine.load(ckpt["v2"], "v2")
         assert engine.starts == 2 and engine.health()["version"] == "v2"

@@ -391,6 +391,8 @@ class EngineClient:
                 raise self._failed
             if message[0] in ("sample", "load"):
                 self._asleep = False
+            elif message[0] == "sleep":  # from now on: a death before its answer is read is one while asleep
+                self._asleep = True
             if self._lost:  # it died while asleep: started again now, before this request
                 resend = self._restart()
                 if resend is None:
@@ -539,7 +541,6 @@ class EngineClient:
         discards its weights and caches (sleep level 2), and the next load, or a request, wakes it and loads weights
         again (the new folder, or the one it held); the transformers engine moves its weights to host memory."""
         self._call("sleep")
-        self._asleep = True
 
     def close(self) -> None:
         """Stop the engine (politely, then by force); idempotent. A node service is only disconnected from: the

@@ -175,8 +175,10 @@ def handle(state: EngineState, message: tuple, reply) -> None:
                     if discarded:  # refused on a second look (a folder that went unreadable since the check)
                         state.version = None
                     raise  # else nothing was copied: it keeps serving the version it holds
-                except BaseException:
+                except BaseException as e:
                     state.version = None  # some weights may be new, some old: it serves nothing until a load works
+                    if is_death(state, e):  # before the lock goes: no request is answered "no version" meanwhile
+                        died(state, e)
                     raise
                 state.model_dir, state.version = model_dir, version
             print(f"loaded {model_dir} in place in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
@@ -451,7 +453,8 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
       run``) sits between them.
     - A node service (``stop_file``; it outlives the stage that started it): its run's STOP file appears, or no
       stage has been connected for ``idle_exit_s``.
-    - Any loaded engine: it died (:func:`died`), also while no request was in flight.
+    - Any loaded engine: it died (:func:`died`), also while no request was in flight, and while a control call
+      (reload, sleep, wake) waits: vLLM never answers one in flight when its engine core dies.
 
     The main thread only sleeps here, for signals that could otherwise be lost: Python runs a handler only on the
     main thread, and only once it runs bytecode, so a main thread blocked in ``accept()`` never ran the SIGTERM

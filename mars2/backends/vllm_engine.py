@@ -19,8 +19,8 @@ with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls ar
   a load into a sleeping engine checks the new folder before waking it, so a refused folder leaves it asleep;
 - death: once ``AsyncLLM.errored`` (its engine core or a worker exited: ``EngineDeadError`` on every call),
   :attr:`VLLMEngine.dead` ends the engine's process, unanswered, so that its client restarts it
-  (``engine_server.died``); with more than one worker per engine a control call that failed in vLLM's words for a
-  dying worker is such a death too when the engine is dead within :data:`DEATH_GRACE_S`;
+  (``engine_server.died``); with worker processes (TP × PP × DP > 1) a control call that failed in vLLM's words for
+  a dying worker is such a death too when the engine is dead within :data:`DEATH_GRACE_S`;
 - stop: ``shutdown()``.
 """
 
@@ -36,11 +36,11 @@ from concurrent.futures import Future
 
 
 CPU_MAX_NUM_SEQS = 256  # requests a CPU engine runs at once (vLLM's default)
-# With more than one worker per engine (tensor or pipeline parallelism) a dying worker fails the control call in
-# progress with a plain error before vLLM marks the engine dead: its executor is shut down first, and only then does
-# the engine core report itself dead (vLLM 0.32: v1/executor/multiproc_executor.py, v1/engine/core.py). Such a call,
-# failed with vLLM's wording for it, waits up to DEATH_GRACE_S seconds to see whether the engine died; any other
-# failure (a CUDA out-of-memory on wake, a bad folder) is answered at once.
+# With worker processes of their own (TP × PP × DP > 1: vLLM's multiprocess executor) a dying worker fails the
+# control call in progress with a plain error before vLLM marks the engine dead: its executor is shut down first,
+# and only then does the engine core report itself dead (vLLM 0.32: v1/executor/multiproc_executor.py,
+# v1/engine/core.py). Such a call, failed with vLLM's wording for it, waits up to DEATH_GRACE_S seconds to see
+# whether the engine died; any other failure (a CUDA out-of-memory on wake, a bad folder) is answered at once.
 DEATH_GRACE_S = 5.0
 DEATH_WORDING = ("cancelled", "Executor failed")  # shm_broadcast's read cancelled by the shutdown; a failed executor
 
@@ -54,8 +54,10 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.stop_token_ids = list(stop_token_ids)
+        # worker processes of its own (vLLM's "mp" executor) whenever TP × PP × DP > 1 (``world_size_across_dp``):
+        # a data-parallel replica of TP 1 runs its worker in a process of its own too, which can die on its own
         self.workers = int(engine_args.get("tensor_parallel_size") or 1) * int(
-            engine_args.get("pipeline_parallel_size") or 1)  # per engine (each data-parallel replica has its own)
+            engine_args.get("pipeline_parallel_size") or 1) * int(engine_args.get("data_parallel_size") or 1)
         self.model_dir = self.first_model_dir = engine_args["model"]
         self.tensors: frozenset[str] | None = None  # the first folder's: what every later one must hold (check)
         # sleep mode exists on GPUs only (a CPU build refuses the flag at construction): decided by the device
