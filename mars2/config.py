@@ -932,16 +932,23 @@ def check_machine(members: list[AgentConfig], *, preset: str = "", cuda_availabl
         if m.device.startswith("cuda"):
             needs_gpu.append(m.name)
     if needs_gpu:
-        if cuda_available is None:
-            import torch
-
-            cuda_available = torch.cuda.is_available()
-        if not cuda_available:
-            _fail(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices) but {here} has "
-                  f"none: {no_cuda_reason(nvidia_driver())}",
-                  "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
-                  "on a CPU box.")
+        check_cuda(f"{preset or 'the run'} needs GPUs (agents {needs_gpu} are placed on CUDA devices)", here,
+                   cuda_available=cuda_available)
         check_gpus(members, here=here, gpu_memory_gb=gpu_memory_gb)
+
+
+def check_cuda(needs: str, here: str, *, cuda_available: bool | None = None) -> None:
+    """``torch.cuda.is_available()`` on ``here`` (GPUs counted by NVML are not enough: on a driver older than CUDA 13
+    they are counted, and torch can use none); else one paragraph: ``needs``, and why torch sees no device
+    (:func:`no_cuda_reason`)."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        _fail(f"{needs} but {here} has none: {no_cuda_reason(nvidia_driver())}",
+              "Run it on a GPU worker (orchestration=pools sends GPU stages to the gpu pool), or use agents=tiny_cpu "
+              "on a CPU box.")
 
 
 @dataclass(frozen=True)

@@ -300,8 +300,9 @@ def serve_engine(ctx: StageContext, spec: EngineSpec, backend: BackendConfig) ->
     from mars2.backends.vllm_env import find_python
 
     if spec.device.startswith("cuda"):  # this node's GPUs, before a start that would fail late or obscurely
-        from mars2.config import check_gpu_fit
+        from mars2.config import check_cuda, check_gpu_fit
 
+        check_cuda(f"the engine of agent {spec.agent!r} needs GPUs ({spec.device})", f"node {node_name()}")
         check_gpu_fit(ctx.gpu_memory_gb, here=f"node {node_name()} (engine of {spec.agent})")
     if spec.kind == "vllm":
         spec = dataclasses.replace(spec, python=find_python() or spec.python)

@@ -430,9 +430,10 @@ def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir, tmp_path):
     not in that group, so it is not killed and restarted behind the run's back; the run decides, and its exit stops
     the engine."""
     script = textwrap.dedent(f"""
-        import time
+        import signal, time
         from mars2.backends import SamplingParams
         from mars2.backends.engine import EngineClient, EngineSpec
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, also under a shell's `cmd &`
         e = EngineClient(EngineSpec("qwen_tiny", {str(tiny_model_dir)!r}, {str(tiny_model_dir)!r}, version="v1"))
         try:
             print(e.pid, flush=True)  # inside the try: the signal comes once the test has read this
@@ -736,6 +737,30 @@ def test_an_engine_that_crashes_while_asleep_is_restarted_asleep_by_the_next_req
         health = engine.health()
         assert engine.starts == 2 and engine.pid != old and health["asleep"]
         assert engine.generate(["x"], PARAMS, [1]) and not engine.health()["asleep"]
+    finally:
+        engine.close()
+
+
+def test_ctrl_c_during_a_restart_by_the_next_request_interrupts_the_run(tiny_model_dir, monkeypatch):
+    """An engine that died asleep is restarted by the caller of the next request (not by the reader thread): Ctrl-C
+    during that start reaches the caller as KeyboardInterrupt (the run is interrupted, and says how to resume), not
+    as an engine failure (before: "its restart failed: KeyboardInterrupt")."""
+    engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"))
+    try:
+        engine.sleep()
+        os.kill(engine.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not engine._lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+        def interrupted():
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(engine, "_start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(["x"], PARAMS, [1])
+        with pytest.raises(EngineError, match="restart failed: KeyboardInterrupt"):  # any other caller hears of it
+            engine.health()
     finally:
         engine.close()
 

@@ -437,3 +437,24 @@ def test_an_engine_that_fails_to_sleep_does_not_cost_the_stage_its_trees(caplog)
     release({"a": SimpleNamespace(backend=broken), "b": SimpleNamespace(backend=fine),
              "c": SimpleNamespace(backend=fine)})
     assert fine.slept and "failed to sleep" in caplog.text
+
+
+def test_an_engine_node_whose_driver_is_too_old_for_cuda_13_says_so_before_starting(tmp_path, monkeypatch):
+    """The engine node of a multi-node run checks torch's CUDA before the start (before: only the GPU count and
+    memory, which NVML reports even on a driver older than CUDA 13, so vLLM's start failed in its engine core with a
+    log tail); the message names the driver and what to do, and nothing is started."""
+    import torch
+
+    import mars2.config
+    from mars2.config import ConfigError
+    from pipeline.dispatch import serve_engine
+
+    monkeypatch.setenv(NODE_NAME, "node-b")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(mars2.config, "nvidia_driver", lambda: "535.104.05")
+    ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
+    spec = EngineSpec("qwen", str(tmp_path), str(tmp_path), version="v1", device="cuda:0", kind="vllm")
+    with pytest.raises(ConfigError, match=r"engine of agent 'qwen' needs GPUs \(cuda:0\) but node node-b has none: "
+                                          r"its NVIDIA driver 535.104.05 is older than CUDA 13 needs"):
+        serve_engine(ctx, spec, BackendConfig())
+    assert not (tmp_path / "engines").exists()

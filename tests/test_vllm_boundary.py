@@ -531,8 +531,8 @@ def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_
 def test_an_engine_that_dies_asleep_is_restarted_by_the_next_request_not_at_once(tmp_path, monkeypatch):
     """The engine core of a sleeping engine dies between stages (the update holds the accelerator): its client does
     not start it again at once (before: its reader did, and on a GPU the start fails for want of memory, failing the
-    next stage, or takes the update's memory); the next request restarts it, from the version it held, and is
-    answered."""
+    next stage, or takes the update's memory), nor when a stage that did not use it puts it to sleep again; the next
+    request restarts it, from the version it held, and is answered."""
     import json
 
     from mars2.backends.engine import EngineClient
@@ -550,6 +550,7 @@ def test_an_engine_that_dies_asleep_is_restarted_by_the_next_request_not_at_once
             time.sleep(0.1)
         assert not _alive(pid), "the engine server outlived its engine"
         time.sleep(2.0)  # a restart by the reader would have started the new engine by now
+        engine.sleep()  # a stage that used it not: released again, still no start
         starts = [e for e in map(json.loads, log.read_text().splitlines()) if e[0] == "start"]
         assert engine.starts == 1 and len(starts) == 1
         params = SamplingParams(temperature=1.0, max_new_tokens=16)

@@ -393,6 +393,9 @@ class EngineClient:
                 self._asleep = False
             elif message[0] == "sleep":  # from now on: a death before its answer is read is one while asleep
                 self._asleep = True
+            if self._lost and message[0] == "sleep":  # asleep it stays, without a start: the next request starts it
+                future.set_result(None)
+                return future
             if self._lost:  # it died while asleep: started again now, before this request
                 resend = self._restart()
                 if resend is None:
@@ -464,6 +467,8 @@ class EngineClient:
             self._fail(e if isinstance(e, EngineError) else EngineError(
                 f"the engine of agent {self.spec.agent!r} crashed and its restart failed: {type(e).__name__}: "
                 f"{e}; its log: {self._log_where()}"))
+            if not isinstance(e, Exception):  # Ctrl-C on the caller restarting it: the run is interrupted, not failed
+                raise
             return None
         resend = [(request_id, message) for request_id, (message, _) in sorted(self._pending.items())]
         if self._asleep and not any(message[0] == "sample" for _, message in resend):
