@@ -87,11 +87,12 @@ def run_flow_cli(tmp_path):
 
 # Under the README's `-n 2 --dist loadfile`, xdist hands whole files to the two workers, by default the files with the
 # most tests first: a file of one long test then started last and ran alone at the end. Here the files go out longest
-# first (file times measured with --durations=0), the rest in collection order.
-LONGEST_FIRST = ("test_learning.py", "test_resume.py", "test_deploy.py", "test_flow_e2e.py", "test_evaluate_flow.py",
-                 "test_update.py", "test_flow_paradigms.py", "test_study.py", "test_update_scale.py", "test_sandbox_lcb.py",
-                 "test_config.py", "test_plan.py")
-
+# first (file times measured with --durations=0, the README's group and the slow group's interleaved), the rest in
+# collection order.
+LONGEST_FIRST = ("test_deploy.py", "test_resume.py", "test_evaluate_flow.py", "test_engine.py", "test_flow_e2e.py",
+                 "test_sandbox_hostile.py", "test_update.py", "test_flow_paradigms.py", "test_study.py",
+                 "test_engine_nodes.py", "test_update_scale.py", "test_plan.py", "test_flow_reuse.py", "test_benches.py",
+                 "test_sandbox_lcb.py", "test_tracking.py", "test_config.py")
 
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):

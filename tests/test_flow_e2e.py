@@ -31,8 +31,6 @@ DATA_PARALLEL = "agents.members.0.update_procs=2"  # qwen_tiny's updates run on 
 # their share: 4 and 2 threads); outside every cache key
 BUDGET = "cpus=4"
 
-pytestmark = pytest.mark.slow
-
 
 def _run(home: Path, *overrides: str, embedded: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "flows/train_cycle.py", *SMALL, *overrides], cwd=ROOT,
@@ -290,6 +288,7 @@ def _start_flow(home: Path, *overrides: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_rollout_leaves_no_engine_and_resumes_from_finished_stages(tmp_path):
     """SIGKILL of the flow's process while its engines generate the rollout (no exit handler runs): the kernel stops
     every engine it started, and the rerun reuses every stage that had finished. (SIGTERM mid-rollout:

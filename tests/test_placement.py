@@ -312,13 +312,13 @@ def test_in_pools_mode_each_gpu_worker_checks_its_gpus_hold_the_plan(tmp_path, m
     with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but stage update/a on this worker's have 79.6 GB"):
         check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=141)
     check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=80)
-    spec = EngineSpec(agent="a", model_dir=str(tmp_path), tokenizer_dir=str(tmp_path), version="v0", device="cuda")
-    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but node .* \(engine of a\)'s have 79.6 GB"):
-        serve_engine(StageContext(root=str(tmp_path), gpu_memory_gb=141), spec, BackendConfig())
     import torch
 
     from pipeline.weights import agent_runners
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    spec = EngineSpec(agent="a", model_dir=str(tmp_path), tokenizer_dir=str(tmp_path), version="v0", device="cuda")
+    with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but node .* \(engine of a\)'s have 79.6 GB"):
+        serve_engine(StageContext(root=str(tmp_path), gpu_memory_gb=141), spec, BackendConfig())
     with pytest.raises(ConfigError, match=r"GPUs of 141 GB, but stage rollout/evaluation on this worker's have 79.6"):
         agent_runners([member], {}, None, batch_size=1, ctx=StageContext(root=str(tmp_path), gpu_memory_gb=141))
