@@ -935,6 +935,8 @@ def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answ
             if kind is not None:
                 time.sleep(0.5)
 
+    loading = threading.Event()
+
     class DyingEngine:
         dead = False
 
@@ -946,6 +948,7 @@ def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answ
             yield
 
         def load(self, model_dir):
+            loading.set()
             time.sleep(0.3)  # the other stage's request comes meanwhile
             self.dead = True
             raise EngineDied("the engine core died")
@@ -957,7 +960,7 @@ def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answ
         server.start()
     (first, _), (second, _) = connections
     first.send((1, "load", "model-v2", "v2"))
-    time.sleep(0.1)
+    assert loading.wait(10)  # the load holds the engine
     second.send((1, "sample", "v1", "x", vars(PARAMS), 1))
     assert not second.poll(1.5), f"the other stage was answered {second.recv()}"
     assert not first.poll(0) and state.version is None and stops == [engine_server.DIED_EXIT]

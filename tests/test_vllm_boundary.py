@@ -228,6 +228,12 @@ class AsyncLLM:
 
     async def sleep(self, level=1):
         assert self.sleep_mode, "Sleep mode is not enabled in the model config"
+        armed = os.environ.get("FAKE_VLLM_SLEEP_DIES", "")
+        if armed and os.path.exists(armed):  # once: the core dies in the sleep
+            os.unlink(armed)
+            self.core_dead = True
+            log("died in sleep")
+            raise EngineDeadError()
         self.asleep = True
         log("sleep", level)
 
@@ -556,6 +562,30 @@ def test_an_engine_that_dies_asleep_is_restarted_by_the_next_request_not_at_once
         params = SamplingParams(temperature=1.0, max_new_tokens=16)
         assert engine.generate(["a"], params, [1])[0][0].text == f"{ckpt['v1']}|a"
         assert engine.starts == 2 and engine.pid != pid and engine.health()["version"] == "v1"
+    finally:
+        engine.close()
+
+
+def test_an_engine_that_dies_in_its_sleep_is_restarted_by_the_next_request(tmp_path, monkeypatch):
+    """The engine core dies during the sleep that frees the accelerator for the update: the sleep is done all the
+    same (the engine holds nothing), and the engine is started again by the next request, not at once (before: the
+    reader restarted it in full, weights and cache, and put it back to sleep, the update waiting meanwhile)."""
+    import json
+
+    from mars2.backends.engine import EngineClient
+
+    log, ckpt = _stand_in_async_vllm(tmp_path, monkeypatch, versions=("v1",))
+    _arm(tmp_path, monkeypatch, "FAKE_VLLM_SLEEP_DIES")
+    engine = EngineClient(_stand_in_spec(ckpt["v1"]))
+    try:
+        engine.sleep()
+        time.sleep(1.0)  # a restart by the reader would be under way
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [e[0] for e in events].count("died in sleep") == 1
+        assert engine.starts == 1 and [e[0] for e in events].count("start") == 1
+        params = SamplingParams(temperature=1.0, max_new_tokens=16)
+        assert engine.generate(["a"], params, [1])[0][0].text == f"{ckpt['v1']}|a"
+        assert engine.starts == 2
     finally:
         engine.close()
 

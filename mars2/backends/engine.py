@@ -25,9 +25,8 @@ engine holds is refused.
 seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation]`` the tree search uses. It starts
 the engine (``python -m mars2.backends.engine_server``: transformers on CPU or one GPU, or vLLM in its own
 environment), restarts it once if it crashes or its engine dies (with the latest weights, sending again every
-request not yet answered; one that crashed asleep with nothing in flight, at the next request; a second crash is an
-:class:`EngineError` naming the agent), and stops it on
-:meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine
+request not yet answered; one that crashed asleep, at the next request; a second crash is an :class:`EngineError`
+naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine
 outlives its run. With ``service_dir`` the engine is instead a node service shared by the stages of a run on one
 node, and with ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
 """
@@ -186,7 +185,7 @@ class EngineClient:
         self._failed: EngineError | None = None
         self._closing = False
         self._asleep = False  # after sleep(), until a request or load wakes it: a restart puts it back to sleep
-        self._lost = False  # it died while asleep with nothing in flight: the next request restarts it
+        self._lost = False  # it died asleep (nothing in flight but sleeps): the next request restarts it
         self._folder = Path(tempfile.mkdtemp(prefix=f"mars2-engine-{spec.agent}-"))  # node-local: the socket
         self._log = self._folder / "engine.log"
         self._authkey = os.urandom(16)
@@ -400,8 +399,8 @@ class EngineClient:
                 resend = self._restart()
                 if resend is None:
                     raise self._failed
-                self._send_lock.acquire()
-                self._resend(self._conn, resend)
+                with self._send_lock:  # at most a sleep: small, sent under self._lock
+                    self._send_all(self._conn, resend)
             request_id = next(self._ids)
             self._pending[request_id] = (message, future)
             conn = self._conn
@@ -436,15 +435,23 @@ class EngineClient:
             if self._closing or conn is not self._conn:
                 return
             self._kill()
-            if self._asleep and not self._pending:  # between stages: restarted by the next request, not now, when
-                self._lost = True  # the update may hold the accelerator (a start would fail or take its memory)
+            if self._asleep and all(message[0] == "sleep" for message, _ in self._pending.values()):
+                # between stages: restarted by the next request, not now, when the update may hold the accelerator
+                # (a start would fail or take its memory); a sleep in flight is done (nothing is held)
+                pending, self._pending = self._pending, {}
+                for _, future in pending.values():
+                    future.set_result(None)
+                self._lost = True
                 return
             resend = self._restart()
             if resend is None:
                 return
             new = self._conn
             self._send_lock.acquire()  # requests sent from now on go after the resent ones
-        self._resend(new, resend)
+        try:  # without self._lock: the new reader takes answers off the socket meanwhile (a large resend could fill
+            self._send_all(new, resend)  # it while the engine waits for its answers to be read)
+        finally:
+            self._send_lock.release()
 
     def _restart(self) -> list | None:
         """Start the engine again (once), from the latest weights, holding ``self._lock``; the requests to send it
@@ -475,17 +482,14 @@ class EngineClient:
             resend.insert(0, (next(self._ids), ("sleep",)))  # it crashed between stages: keep the device free
         return resend
 
-    def _resend(self, conn, resend: list) -> None:
-        """Send ``resend`` on the new connection, with ``self._send_lock`` held (released here): without
-        ``self._lock``, so that the new reader takes answers off the socket meanwhile (a large resend could fill it
-        while the engine waits for its answers to be read)."""
+    def _send_all(self, conn, resend: list) -> None:
+        """Send ``resend`` (``(request_id, message)`` pairs) on a new engine's connection, ``self._send_lock`` held by
+        the caller."""
         try:
             for request_id, message in resend:
                 conn.send((request_id, *message))
         except OSError:
             pass  # the new engine is gone too: its reader restarts or fails
-        finally:
-            self._send_lock.release()
 
     def _fail(self, error: EngineError) -> None:
         self._failed = error
