@@ -26,8 +26,8 @@ seeds)``) and the streaming ``submit(prompt, params, seed) → Future[Generation
 the engine (``python -m mars2.backends.engine_server``: transformers on CPU or one GPU, or vLLM in its own
 environment), restarts it once if it crashes or its engine dies (with the latest weights, sending again every
 request not yet answered; one that crashed asleep, at the next request; a second crash is an :class:`EngineError`
-naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's process dies, so no engine
-outlives its run. With ``service_dir`` the engine is instead a node service shared by the stages of a run on one
+naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's
+process dies, so no engine outlives its run. With ``service_dir`` the engine is instead a node service shared by the stages of a run on one
 node, and with ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
 """
 
