@@ -23,6 +23,7 @@ BACKENDS = ("transformers", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
 TINY_ARCHS = ("qwen2", "llama")
 LOSSES = ("gspo", "grpo")
+ADVANTAGES = ("tree", "group", "rloo")  # mars2.rl.advantage.ADVANTAGES' names (that module needs no config)
 STRATEGIES = ("ab_mcts", "independent")
 SEARCH_SCORES = ("public_fraction", "all_tests_binary")
 DISTS = ("gaussian", "beta")
@@ -366,8 +367,9 @@ class TrainConfig:
     """an agent updates when its buffer holds at least this many samples."""
     step_batch: int | None = None
     """samples per optimizer step (PPO-style mini-batches); null = one step on all."""
-    shaping: bool = True
-    """tree-consistent reward shaping (docs/algorithm.md §9); off for the ablation / GRPO."""
+    advantage: str = choice("tree", ADVANTAGES)
+    """the advantage estimator (docs/algorithm.md §9–§11): tree = tree-consistent shaping, then path-level group
+    normalisation over the tree (MARS²); group = no shaping (the ablation, GRPO); rloo = leave-one-out baseline."""
     shaping_gamma: float = 0.5
     """γ of tree-consistent shaping: r̂ = r + γ·(r − b) (docs/algorithm.md §9)."""
     shaping_lambda: float = 0.5

@@ -23,7 +23,7 @@ def _tree():
 
 def test_rewards_join_by_node_and_advantage_is_tree_wide():
     nodes, verdicts = _tree()
-    out = tree_advantages(nodes, verdicts, TrainConfig(shaping=True, overlong_buffer=0), max_len=100)
+    out = tree_advantages(nodes, verdicts, TrainConfig(advantage="tree", overlong_buffer=0), max_len=100)
     p = out[out["problem_id"] == "p"].set_index("node_id")
     assert p["correct"].tolist() == [0.0, 1.0, 0.0, 1.0]
     # node 0 (root child, sibling 2 with r 0): 0; node 1 (only child of 0, r_p 0): 1.5; node 2: 0; node 3: 1 + .5·(1 − 1)
@@ -36,7 +36,7 @@ def test_rewards_join_by_node_and_advantage_is_tree_wide():
 
 def test_shaping_off_and_overlong_penalty():
     nodes, verdicts = _tree()
-    out = tree_advantages(nodes, verdicts, TrainConfig(shaping=False, overlong_buffer=20), max_len=100)
+    out = tree_advantages(nodes, verdicts, TrainConfig(advantage="group", overlong_buffer=20), max_len=100)
     p = out[out["problem_id"] == "p"].set_index("node_id")
     assert p.loc[3, "reward"] == pytest.approx(1.0 - 15 / 20)  # L = 95 > 100 − 20
     assert p.loc[[0, 1, 2], "reward"].tolist() == p.loc[[0, 1, 2], "correct"].tolist()
@@ -51,7 +51,7 @@ def test_missing_verdicts_are_an_error_not_a_silent_drop():
 def test_penalty_comes_after_shaping_and_flatness_is_judged_on_correctness():
     nodes, verdicts = _tree()
     verdicts["reward"] = 0.0  # nothing passes; node 3 of p overruns (L = 95 > 100 − 20)
-    out = tree_advantages(nodes, verdicts, TrainConfig(shaping=True, overlong_buffer=20), max_len=100)
+    out = tree_advantages(nodes, verdicts, TrainConfig(advantage="tree", overlong_buffer=20), max_len=100)
     p = out[out["problem_id"] == "p"].set_index("node_id")
     assert p["flat"].all()  # all wrong: flat, whatever the penalty
     # shaping sees 0/1 correctness only: node 3's children-free penalty does not leak into anyone's baseline

@@ -123,7 +123,7 @@ def test_the_conf_check_sees_a_repeated_default(tmp_path):
 # UpdateHParams (which takes every field of the same name), so it cannot silently miss the update
 READ_OUTSIDE_THE_UPDATE = {
     "train_batch": "tasks/update.py (buffers samples until an update has this many)",
-    "shaping": "advantage", "shaping_gamma": "advantage", "shaping_lambda": "advantage",
+    "advantage": "advantage", "shaping_gamma": "advantage", "shaping_lambda": "advantage",
     "overlong_buffer": "advantage", "filter_flat_trees": "advantage",
     "keep_optimizer_states": "the train flow (prunes ds/ folders)",
 }

@@ -154,7 +154,7 @@ def test_tree_rewards_shapes_then_penalises_then_normalises():
     std = (sum((r - mean) ** 2 for r in reward) / 2) ** 0.5
     assert adv == pytest.approx([(r - mean) / (std + 1e-9) for r in reward])
     assert flat is False
-    off, _, _ = tree_rewards(parent, correct, lengths, max_len=100, overlong_buffer=20, shaping=False)
+    off, _, _ = tree_rewards(parent, correct, lengths, max_len=100, overlong_buffer=20, advantage="group")
     assert off == pytest.approx([0.0, 0.5, 1.0])
 
 
@@ -177,3 +177,16 @@ def test_every_loss_train_loss_names_is_registered_with_one_signature():
     assert sorted(LOSSES) == sorted(NAMES)
     signatures = {name: list(inspect.signature(fn).parameters) for name, fn in LOSSES.items()}
     assert len({tuple(s) for s in signatures.values()}) == 1, signatures
+
+
+def test_every_advantage_train_advantage_names_is_registered_with_one_signature():
+    import inspect
+
+    from mars2.config import ADVANTAGES as NAMES
+    from mars2.rl.advantage import ADVANTAGES, tree_rewards
+
+    assert sorted(ADVANTAGES) == sorted(NAMES)
+    signatures = {name: list(inspect.signature(fn).parameters) for name, fn in ADVANTAGES.items()}
+    assert len({tuple(s) for s in signatures.values()}) == 1, signatures
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        tree_rewards([-1], [1.0], [1], max_len=10, overlong_buffer=0, advantage="ppo")

@@ -66,7 +66,7 @@ def test_advantage_keys_on_shaping_and_routing_not_the_optimizer(cfg, tmp_path):
         assert key(train=replace(cfg.train, **unread)) == base, unread
     assert key(search=replace(cfg.search, max_nodes=4)) == base
     assert key(members=_optimizer(cfg, lr=0.5)) == base and key(members=_member(cfg, role_prompt="x")) == base
-    for read in (dict(shaping_gamma=0.9), dict(shaping=False), dict(overlong_buffer=0), dict(filter_flat_trees=True)):
+    for read in (dict(shaping_gamma=0.9), dict(advantage="group"), dict(overlong_buffer=0), dict(filter_flat_trees=True)):
         assert key(train=replace(cfg.train, **read)) != base, read
     assert key(search=replace(cfg.search, max_new_tokens=7)) != base  # L_max of the overlong penalty
     assert key(members=_member(cfg, 1, shares_weights_with=cfg.agents.members[0].name)) != base

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from mars2.rl.rloo import rloo_estimator
 
 
 def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
@@ -74,21 +76,44 @@ def tree_group_advantage(shaped: Sequence[float], eps: float = 1e-9) -> list[flo
     return group_advantage(shaped, eps)
 
 
+def tree_estimator(parent: Sequence[int], correct: Sequence[float], penalty: Sequence[float], *, gamma: float = 0.5,
+                   lam: float = 0.5) -> tuple[list[float], list[float]]:
+    """MARS² (``train.advantage=tree``): R_v = r̂_v − pen(L_v), r̂ the tree-consistent shaping of the 0/1
+    correctness (:func:`tree_consistent_shaping`; the penalty after it, so a truncated parent's penalty never enters
+    its children's baseline), Â = :func:`tree_group_advantage` (R) over the whole tree."""
+    shaped = tree_consistent_shaping(parent, correct, gamma, lam)
+    reward = [s - p for s, p in zip(shaped, penalty, strict=True)]
+    return reward, tree_group_advantage(reward)
+
+
+def group_estimator(parent: Sequence[int], correct: Sequence[float], penalty: Sequence[float], *, gamma: float = 0.5,
+                    lam: float = 0.5) -> tuple[list[float], list[float]]:
+    """No shaping (``train.advantage=group``: the ablation, and GRPO, whose "tree" is one problem's samples):
+    R_v = r_v − pen(L_v), Â = :func:`group_advantage` (R); ``parent``, ``gamma`` and ``lam`` are not used."""
+    reward = [float(r) - p for r, p in zip(correct, penalty, strict=True)]
+    return reward, group_advantage(reward)
+
+
 def tree_rewards(parent: Sequence[int], correct: Sequence[float], response_len: Sequence[int], *, max_len: int,
-                 overlong_buffer: int, shaping: bool = True, gamma: float = 0.5,
+                 overlong_buffer: int, advantage: str = "tree", gamma: float = 0.5,
                  lam: float = 0.5) -> tuple[list[float], list[float], bool]:
     """Training rewards, advantages and flatness of one tree, in MARTI's order.
 
     ``correct[i]`` ∈ {0, 1} (all hidden tests pass), ``parent[i]`` as in :func:`tree_consistent_shaping`:
-      r̂_v = shaping of the 0/1 correctness rewards (or r_v when ``shaping`` is off)
-      R_v = r̂_v − pen(L_v)          DAPO overlong penalty, after shaping: a truncated parent's penalty never enters
-                                     its children's baseline
-      Â_v = (R_v − mean_T R) / (std_T R + 1e-9) over the whole tree
+      pen_v = DAPO overlong penalty of L_v (:func:`overlong_penalty`)
+      (R, Â) = ADVANTAGES[advantage](parent, correct, pen, gamma=γ, lam=λ)
       flat = all r_v equal            judged on correctness alone: penalties do not make a failed tree informative
     Returns ``(R, Â, flat)``.
     """
     if not len(correct) == len(response_len) == len(parent):
         raise ValueError(f"tree of {len(parent)} nodes has {len(correct)} rewards and {len(response_len)} lengths")
-    shaped = tree_consistent_shaping(parent, correct, gamma, lam) if shaping else [float(r) for r in correct]
-    reward = [s - overlong_penalty(n, max_len, overlong_buffer) for s, n in zip(shaped, response_len, strict=True)]
-    return reward, tree_group_advantage(reward), is_flat(correct)
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {advantage!r}; one of {sorted(ADVANTAGES)}")
+    penalty = [overlong_penalty(n, max_len, overlong_buffer) for n in response_len]
+    reward, adv = ADVANTAGES[advantage](parent, correct, penalty, gamma=gamma, lam=lam)
+    return reward, adv, is_flat(correct)
+
+AdvantageFn = Callable[..., tuple[list[float], list[float]]]
+# train.advantage → its estimator; every one takes (parent, correct, penalty, *, gamma, lam) for one tree and
+# returns (R, Â), one entry per node
+ADVANTAGES: dict[str, AdvantageFn] = {"tree": tree_estimator, "group": group_estimator, "rloo": rloo_estimator}

@@ -16,7 +16,7 @@ ROUTED_COLUMNS = ["problem_id", "node_id", "agent", "prompt_ids", "response_ids"
                   "advantage"]
 
 
-TRAIN_READS = ("overlong_buffer", "shaping", "shaping_gamma", "shaping_lambda")  # the fields tree_advantages reads
+TRAIN_READS = ("overlong_buffer", "advantage", "shaping_gamma", "shaping_lambda")  # the fields tree_advantages reads
 
 
 def tree_advantages(nodes: pd.DataFrame, verdicts: pd.DataFrame, train: TrainConfig, max_len: int) -> pd.DataFrame:
@@ -35,7 +35,7 @@ def tree_advantages(nodes: pd.DataFrame, verdicts: pd.DataFrame, train: TrainCon
         position = {nid: i for i, nid in enumerate(tree["node_id"])}
         parent = [position[p] if p != -1 else -1 for p in tree["parent"]]
         r, a, f = tree_rewards(parent, tree["correct"].tolist(), tree["response_len"].tolist(), max_len=max_len,
-                               overlong_buffer=train.overlong_buffer, shaping=train.shaping,
+                               overlong_buffer=train.overlong_buffer, advantage=train.advantage,
                                gamma=train.shaping_gamma, lam=train.shaping_lambda)
         reward += r
         adv += a
