@@ -16,6 +16,7 @@ Weights travel between stages as :class:`AgentWeights` per weight owner in :attr
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -190,9 +191,9 @@ def _keyable(value: Any) -> Any:
 def narrowed(value: Any, reads: tuple[str, ...]) -> Any:
     """``value`` (a config dataclass, or a list of them) with every field not in ``reads`` at its default.
 
-    A stage keys on, and computes from, the narrowed configs of what it declares it reads (``reads`` of
-    :func:`run_stage`): a change to a field it does not read leaves its key, so its cache, as it was. A field without
-    a default stays."""
+    A stage keys on the narrowed configs of what it declares it reads (``reads`` of :func:`run_stage`): a change to a
+    field it does not read leaves its key, so its cache, as it was. A field without a default stays. It computes from
+    :func:`declared` configs, where such a field cannot be used."""
     if isinstance(value, (list, tuple)):
         return type(value)(narrowed(v, reads) for v in value)
     unread = {}
@@ -204,6 +205,58 @@ def narrowed(value: Any, reads: tuple[str, ...]) -> Any:
         elif f.default_factory is not dataclasses.MISSING:
             unread[f.name] = f.default_factory()
     return dataclasses.replace(value, **unread)
+
+
+class UndeclaredRead(RuntimeError):
+    """A stage used a config field it does not declare in its ``READS``."""
+
+
+class Undeclared:
+    """The value a stage sees for a config field it does not declare (:func:`declared`): copied along with its
+    config, but any use of it (a comparison, truth, arithmetic, formatting, an attribute, iteration, pickling)
+    raises :class:`UndeclaredRead` naming the field."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str):
+        object.__setattr__(self, "where", where)
+
+    def _use(self, *args, **kwargs):
+        raise UndeclaredRead(f"{object.__getattribute__(self, 'where')} is used by a stage that does not declare it "
+                             "in its READS (tasks/<stage>.py): declare it, so that it enters the stage's cache key "
+                             "and a change to it is not computed from its default")
+
+    def __getattr__(self, name):
+        self._use()
+
+    def __repr__(self) -> str:  # for a traceback's or debugger's view of the config, not a use
+        return f"<undeclared {object.__getattribute__(self, 'where')}>"
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _use
+    __int__ = __float__ = __index__ = __len__ = __iter__ = __contains__ = __getitem__ = __call__ = _use
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _use
+    __floordiv__ = __rfloordiv__ = __mod__ = __pow__ = __neg__ = __pos__ = __abs__ = _use
+    __str__ = __format__ = __fspath__ = __reduce__ = __reduce_ex__ = _use
+
+
+def declared(value: Any, reads: tuple[str, ...]) -> Any:
+    """What a stage computes from: ``value`` (a config dataclass, or a list of them) with every field not in
+    ``reads`` replaced by :class:`Undeclared`, so that a stage using a field it did not declare fails at once (it
+    would otherwise compute from a value that its cache key does not see). Keys use :func:`narrowed`."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(declared(v, reads) for v in value)
+    guarded = copy.copy(value)  # not dataclasses.replace: no __post_init__ runs on the guards
+    name = type(value).__name__
+    for f in dataclasses.fields(value):
+        if f.name not in reads and f.init:
+            object.__setattr__(guarded, f.name, Undeclared(f"{name}.{f.name}"))
+    return guarded
 
 
 def stage_digest(stage: str, modules: tuple[str, ...], parameters: dict[str, Any],
@@ -363,5 +416,5 @@ def current_parameters() -> dict[str, Any]:
 
 
 __all__ = ["AgentWeights", "StageContext", "StageFault", "StageRecord", "altered_artefacts", "came_from_cache",
-           "code_version", "current_parameters", "narrowed", "reusable", "run_stage", "unfinished_stages",
+           "code_version", "current_parameters", "declared", "narrowed", "reusable", "run_stage", "unfinished_stages",
            "sha256_json", "stage_digest", "stage_dir", "stage_task"]

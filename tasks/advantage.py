@@ -9,7 +9,7 @@ import pandas as pd
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
-from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 
 STAGE = "advantage"
 MODULES = ("mars2.rl", "mars2.io", "tasks.advantage")
@@ -26,8 +26,8 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
     """``routed/<owner>.parquet``: each weight owner's nodes with token ids, rollout log-probs and advantage
     (:func:`mars2.rl.tables.tree_advantages`: every tree scored as one group before routing)."""
 
-    train, search = narrowed(train, READS["train"]), narrowed(search, READS["search"])
-    members = narrowed(members, READS["members"])
+    train, search = declared(train, READS["train"]), declared(search, READS["search"])
+    members = declared(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.rl.tables import advantage_metrics, route, routed_metrics, tree_advantages

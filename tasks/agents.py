@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars2.config import AgentConfig
-from pipeline.stage import (AgentWeights, StageContext, StageRecord, current_parameters, narrowed,
+from pipeline.stage import (AgentWeights, StageContext, StageRecord, current_parameters, declared,
                          run_stage, stage_task)
 
 STAGE = "agents"
@@ -30,7 +30,7 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
     folder, so this stage's cache is the conversion cache); other real agents point at their local folders.
     """
 
-    members = narrowed(members, READS["members"])
+    members = declared(members, READS["members"])
 
     def produce(out: Path) -> dict:
         from mars2.models.smollm2 import convert_gguf, find_gguf, is_smollm2, source_info

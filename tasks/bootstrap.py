@@ -15,7 +15,7 @@ import pandas as pd
 
 from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
-from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 
 STAGE = "bootstrap"
 # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
@@ -47,7 +47,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     heterogeneous) and seeds that only change the RL share its warm-start.
     """
 
-    members, grading = narrowed(members, READS["members"]), narrowed(grading, READS["grading"])
+    members, grading = declared(members, READS["members"]), declared(grading, READS["grading"])
 
     def produce(out: Path) -> dict:
         weights = {o: agents.weights_of(o) for o in agents.weights}

@@ -24,7 +24,7 @@ from mars2.eval.run import SEARCH_READS
 from mars2.journal import Journal
 from mars2.search.run import public_grader
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
@@ -51,7 +51,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
     Each problem's samples and each tree are kept in the stage's journal as they are finished, then the distinct
     programs' hidden verdicts chunk by chunk: a killed evaluation run again with the same key redoes only the rest."""
 
-    search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
+    search, members = declared(search, READS["search"]), declared(members, READS["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty

@@ -18,7 +18,7 @@ from mars2.journal import Journal
 from mars2.search.run import public_grader, search_sampling
 from pipeline.engines import release
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
 STAGE = "gate"
@@ -40,7 +40,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
     Each generation phase and each chunk of hidden verdicts is kept in the stage's journal as it is done: a killed
     gate run again with the same key redoes only the rest."""
 
-    search, members = narrowed(search, READS["search"]), narrowed(members, READS["members"])
+    search, members = declared(search, READS["search"]), declared(members, READS["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.gate import ATTEMPTS, gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes

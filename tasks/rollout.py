@@ -11,7 +11,7 @@ from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import Journal
 from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, narrowed, run_stage, stage_task
+from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 from pipeline.engines import release
 from pipeline.weights import GENERATION_FIELDS, agent_runners
 
@@ -38,7 +38,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, bac
     its finished trees and builds only the others (a tree depends only on its problem and the seeds), and the table
     is always assembled from the journal, so a resumed run writes what an uninterrupted one does."""
 
-    members = narrowed(members, READS["members"])
+    members = declared(members, READS["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.search.run import public_grader, resumable_search, search_sampling

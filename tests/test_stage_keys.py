@@ -190,3 +190,42 @@ def test_the_import_check_sees_imports_inside_functions():
     """The check above reads imports inside function bodies, where the stages import their heavy code."""
     assert "mars2.search.run" in _project_imports(rollout)
     assert _project_imports(update)["mars2.backends.base"] == {"visible_devices"}
+
+
+def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
+    """A stage computes from its ``declared`` configs: the fields in its READS as given, every other one a guard that
+    fails at its first use (before: reset to its default, so a user's override of a field the stage used without
+    declaring it was ignored, silently). The advantage stage's own computation, with its READS and with one read
+    left out of them."""
+    import copy
+    import dataclasses
+    import pickle
+
+    import pandas as pd
+
+    from mars2.rl.tables import tree_advantages
+    from pipeline.stage import UndeclaredRead, declared
+
+    nodes = pd.DataFrame({"problem_id": ["p"] * 3, "node_id": [0, 1, 2], "parent": [-1, 0, -1],
+                          "response_len": [10, 40, 10]})
+    verdicts = pd.DataFrame({"problem_id": ["p"] * 3, "node_id": [0, 1, 2], "reward": [1.0, 0.0, 0.0]})
+    train = replace(cfg.train, overlong_buffer=8)
+    guarded = declared(train, advantage.READS["train"])
+    pd.testing.assert_frame_equal(tree_advantages(nodes, verdicts, guarded, max_len=40),
+                                  tree_advantages(nodes, verdicts, train, max_len=40))
+    forgetful = tuple(r for r in advantage.READS["train"] if r != "overlong_buffer")
+    with pytest.raises(UndeclaredRead, match=r"TrainConfig\.overlong_buffer is used by a stage that does not "
+                                             r"declare it in its READS"):
+        tree_advantages(nodes, verdicts, declared(train, forgetful), max_len=40)
+
+    unread = guarded.kl_coef  # handed on, copied and shown, it is not used; every use fails
+    assert copy.deepcopy(guarded).kl_coef is unread and dataclasses.asdict(guarded)["kl_coef"] is unread
+    assert "undeclared TrainConfig.kl_coef" in repr(guarded)
+    for use in (bool, float, str, hash, lambda v: v + 1, lambda v: v == 0.001, lambda v: f"{v:.3f}", pickle.dumps,
+                lambda v: v.real):
+        with pytest.raises(UndeclaredRead, match="TrainConfig.kl_coef"):
+            use(unread)
+    members = declared(list(cfg.agents.members), ("name",))
+    assert [m.name for m in members] == [m.name for m in cfg.agents.members]
+    with pytest.raises(UndeclaredRead, match=r"AgentConfig\.optimizer"):
+        members[0].optimizer.lr
