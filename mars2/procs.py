@@ -105,3 +105,20 @@ def kill_group(proc: subprocess.Popen) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.kill()  # and the process itself, had it not led a group after all (Popen checks it is unreaped)
     return proc.wait()
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no process is left in process group ``pgid`` (signalled to death: its members may still be
+    exiting and freeing their memory, a GPU's included), at most ``timeout_s``; whether it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # a member we may not signal: still there
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+

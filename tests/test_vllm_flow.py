@@ -95,12 +95,14 @@ def test_a_cycle_on_vllm_engines_runs_whole_then_a_failed_one_leaves_nothing(tmp
         stages = {k for (k,) in db.execute("select distinct key from metrics")}
     assert starts and max(starts) <= 2
     assert "eval/team/pass_at_1" in stages and any(k.startswith("update/qwen_vllm/") for k in stages)
-    assert _none_left(home) == []
+    left = _none_left(home)
+    assert not left, "\n".join(left)  # in full: each process's state and threads' wait channels
 
     failing = _start(home, "train.cycles=2", "debug.fail_at=grading")  # cycle 0 comes from cache; cycle 1 fails
     out, err = failing.communicate(timeout=1200)
     assert failing.returncode != 0 and "fault injected in stage 'grading'" in err, err[-3000:]
-    assert _none_left(home) == []
+    left = _none_left(home)
+    assert not left, "\n".join(left)  # in full: each process's state and threads' wait channels
 
 
 def test_kill_9_of_the_flow_leaves_no_engine(tmp_path):
@@ -116,7 +118,8 @@ def test_kill_9_of_the_flow_leaves_no_engine(tmp_path):
     finally:
         run.send_signal(signal.SIGKILL)
         run.communicate()
-    assert _none_left(home, timeout_s=90) == []
+    left = _none_left(home, timeout_s=90)
+    assert not left, "\n".join(left)
 
 
 def test_the_rollout_bench_measures_vllm_beside_our_engine():

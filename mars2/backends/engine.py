@@ -56,9 +56,10 @@ from mars2.backends.base import (HANDSHAKE_S, SERVICE_IDLE_EXIT_S, Generation, S
                                  call_seeds, disconnect, keep_alive, request_seed)
 from mars2.backends.vllm_env import engine_environment
 from mars2.io import atomic_write_text
-from mars2.procs import exit_code, kill_group, popen_bound, wait_exit
+from mars2.procs import exit_code, kill_group, popen_bound, wait_exit, wait_group_gone
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
+GROUP_GONE_S = 10.0  # how long a sleep in flight when its engine died waits for the engine's processes to be gone
 STARTS_FILE = "starts"  # a run's engine folder: a line per start on a worker ("<agent> <node> <pid>|fresh|failed")
 NODE_NAME = "MARS2_NODE_NAME"  # the node's name in a run's engine folder (default: its host name)
 NODE_ADDRESS = "MARS2_NODE_ADDRESS"  # the address other nodes reach this one's TCP services at (default: its FQDN)
@@ -435,19 +436,27 @@ class EngineClient:
             if self._closing or conn is not self._conn:
                 return
             self._kill()
-            if self._asleep and all(message[0] == "sleep" for message, _ in self._pending.values()):
-                # between stages: restarted by the next request, not now, when the update may hold the accelerator
-                # (a start would fail or take its memory); a sleep in flight is done (nothing is held)
-                pending, self._pending = self._pending, {}
-                for _, future in pending.values():
-                    future.set_result(None)
+            sleeps = all(message[0] == "sleep" for message, _ in self._pending.values())
+            # between stages: restarted by the next request, not now, when the update may hold the accelerator (a
+            # start would fail or take its memory); a sleep in flight is done once the engine is gone, which only a
+            # local engine is for sure (_kill killed its group; one on another node may have lost only its link)
+            lost = self._asleep and (not self._pending or sleeps and self._local)
+            if lost:
+                sleeping, self._pending = list(self._pending.values()), {}
                 self._lost = True
-                return
-            resend = self._restart()
-            if resend is None:
-                return
-            new = self._conn
-            self._send_lock.acquire()  # requests sent from now on go after the resent ones
+                group = self._pid if sleeping else None
+            else:
+                resend = self._restart()
+                if resend is None:
+                    return
+                new = self._conn
+                self._send_lock.acquire()  # requests sent from now on go after the resent ones
+        if lost:
+            if group is not None:
+                wait_group_gone(group, GROUP_GONE_S)  # its memory freed before the update takes the device
+            for _, future in sleeping:
+                future.set_result(None)
+            return
         try:  # without self._lock: the new reader takes answers off the socket meanwhile (a large resend could fill
             self._send_all(new, resend)  # it while the engine waits for its answers to be read)
         finally:

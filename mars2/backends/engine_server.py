@@ -272,12 +272,22 @@ def serve(conn, state: EngineState) -> None:
                 handle(state, tuple(message), answer(request_id))
 
 
+def terminated(signum, frame) -> None:
+    """The SIGTERM handler (a child engine's parent-death signal): it only records the signal, and the watch
+    (:func:`supervise`, within its half-second poll) stops the engine. A handler that stopped it itself ran on the
+    main thread, possibly inside a :func:`stop` already under way there (the watch's, for the same dead client), and
+    waited for ever for the lock that interrupted frame held (``_stopping``'s): engines outlived their killed run."""
+    global _terminated
+    _terminated = True
+
+
 def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> None:
     """Exit, having shut the engine down (vLLM stops its engine-core and worker processes): first the socket goes,
     so no stage attaches to a service on its way out (a TCP service's port file goes, and the connections it
     accepts from then on are closed unserved); a shutdown that hangs for ``grace_s`` gives way to SIGKILL of the
     engine's process group (its children with it). The process exits with ``code``. The listener's accept() does
-    not wake up on its own, hence ``os._exit``. Also the SIGTERM handler (a child engine's parent-death signal)."""
+    not wake up on its own, hence ``os._exit``. Called by the watch (:func:`supervise`: also after SIGTERM) and,
+    when the engine died, by a thread of its own."""
     _stopping.set()  # a TCP service's listener stays open until the exit: connections from now on are closed
     if _address:
         with contextlib.suppress(OSError):
@@ -299,6 +309,7 @@ def stop(state: EngineState | None, grace_s: float = 30.0, code: int = 0) -> Non
 
 _address = ""  # the engine's socket, or a TCP service's port file (set by main)
 _stopping = threading.Event()  # set by stop(): no connection is served from then on
+_terminated = False  # set by the SIGTERM handler (terminated), without a lock: the watch stops the engine
 _dying = threading.Event()  # set by died(): no request is answered from then on
 _dying_lock = threading.Lock()  # died() is called from the serve threads, vLLM's event loop and the watch
 _own_group = False  # the client started it in a session of its own (set by main)
@@ -338,15 +349,13 @@ def main(address: str, spec_json: str) -> None:
     _own_group = bool(spec.get("own_group"))
     ends = {"client_pid": int(spec.get("parent_pid") or 0), "parent_at_start": parent_at_start,
             "stop_file": spec.get("stop_file") or ""}
-    signal.signal(signal.SIGTERM, lambda *_: stop(None))  # while the model loads (vLLM's children: their group)
+    signal.signal(signal.SIGTERM, terminated)
     loaded = threading.Event()
-    if ends["client_pid"] or ends["stop_file"]:
-        # the main thread is inside the load (minutes for a large vLLM model): another thread watches meanwhile
-        threading.Thread(target=supervise, args=(None,), kwargs={**ends, "until": loaded}, daemon=True,
-                         name="load-watch").start()
+    # the main thread is inside the load (minutes for a large vLLM model): another thread watches meanwhile
+    threading.Thread(target=supervise, args=(None,), kwargs={**ends, "until": loaded}, daemon=True,
+                     name="load-watch").start()
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
     loaded.set()
-    signal.signal(signal.SIGTERM, lambda *_: stop(state))
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     if address.startswith(TCP):  # no key here: each connection proves it in its own thread (accept_forever)
         listener = tcp_listener(address[len(TCP):], os.environ.get(ENGINE_PORTS))
@@ -453,6 +462,7 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
       run``) sits between them.
     - A node service (``stop_file``; it outlives the stage that started it): its run's STOP file appears, or no
       stage has been connected for ``idle_exit_s``.
+    - Any engine: SIGTERM came (:func:`terminated` records it; the parent-death signal of a child engine).
     - Any loaded engine: it died (:func:`died`), also while no request was in flight, and while a control call
       (reload, sleep, wake) waits: vLLM never answers one in flight when its engine core dies.
 
@@ -466,6 +476,8 @@ def supervise(state: EngineState | None, *, client_pid: int = 0, parent_at_start
             time.sleep(poll_s)
         elif until.wait(poll_s):
             return  # loaded: the main thread watches from here on, and stops the engine politely
+        if _terminated:
+            stop(state)
         if client_pid and (os.getppid() != parent_at_start or not alive(client_pid)):
             stop(state)
         if stop_file and os.path.exists(stop_file):
