@@ -871,6 +871,32 @@ def test_an_answer_that_cannot_be_pickled_reaches_its_caller_as_an_error():
     assert not server.is_alive() and state.connections == 0
 
 
+class DyingInItsLoad:
+    """An engine whose load fails with its death (after ``before()``), as vLLM's when its engine core dies in it."""
+
+    dead = False
+
+    def __init__(self, before=lambda: None):
+        self.before = before
+
+    def check(self, model_dir):
+        pass
+
+    @contextlib.contextmanager
+    def drained(self):
+        yield
+
+    def load(self, model_dir):
+        from mars2.backends.base import EngineDied
+
+        self.before()
+        self.dead = True
+        raise EngineDied("the engine core died")
+
+    def shutdown(self):
+        pass
+
+
 def test_a_dying_engine_answers_nothing_more_but_its_shutdown(monkeypatch):
     """Once its engine has died (``engine_server.died``) the process is on its way out and answers nothing more,
     not even an immediate error: a load that died part-way leaves the weights no version, and the request read next
@@ -880,7 +906,6 @@ def test_a_dying_engine_answers_nothing_more_but_its_shutdown(monkeypatch):
     from multiprocessing import Pipe
 
     from mars2.backends import engine_server
-    from mars2.backends.base import EngineDied
     from mars2.backends.engine_server import EngineState, died, serve
 
     stops, exits = [], []
@@ -890,25 +915,8 @@ def test_a_dying_engine_answers_nothing_more_but_its_shutdown(monkeypatch):
 
     monkeypatch.setattr(os, "_exit", exits.append)  # the serve thread reads on, until the connection closes
 
-    class DyingEngine:
-        dead = False
-
-        def check(self, model_dir):
-            pass
-
-        @contextlib.contextmanager
-        def drained(self):
-            yield
-
-        def load(self, model_dir):
-            self.dead = True
-            raise EngineDied("the engine core died")
-
-        def shutdown(self):
-            pass
-
     ours, theirs = Pipe()
-    state = EngineState(DyingEngine(), "model-v1", "v1")
+    state = EngineState(DyingInItsLoad(), "model-v1", "v1")
     server = threading.Thread(target=serve, args=(theirs, state), daemon=True)
     server.start()
     ours.send((1, "load", "model-v2", "v2"))
@@ -939,7 +947,6 @@ def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answ
     from multiprocessing import Pipe
 
     from mars2.backends import engine_server
-    from mars2.backends.base import EngineDied
     from mars2.backends.engine_server import EngineState, serve
 
     stops = []
@@ -961,23 +968,11 @@ def test_a_load_that_dies_part_way_leaves_no_moment_for_another_stage_to_be_answ
 
     loading = threading.Event()
 
-    class DyingEngine:
-        dead = False
+    def meanwhile():  # the other stage's request comes while the load holds the engine
+        loading.set()
+        time.sleep(0.3)
 
-        def check(self, model_dir):
-            pass
-
-        @contextlib.contextmanager
-        def drained(self):
-            yield
-
-        def load(self, model_dir):
-            loading.set()
-            time.sleep(0.3)  # the other stage's request comes meanwhile
-            self.dead = True
-            raise EngineDied("the engine core died")
-
-    state = EngineState(DyingEngine(), "model-v1", "v1", lock=SlowAfterFailure())
+    state = EngineState(DyingInItsLoad(meanwhile), "model-v1", "v1", lock=SlowAfterFailure())
     connections = [Pipe() for _ in range(2)]
     servers = [threading.Thread(target=serve, args=(theirs, state), daemon=True) for _, theirs in connections]
     for server in servers:
