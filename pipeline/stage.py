@@ -248,13 +248,14 @@ class Undeclared:
 def declared(value: Any, reads: tuple[str, ...]) -> Any:
     """What a stage computes from: ``value`` (a config dataclass, or a list of them) with every field not in
     ``reads`` replaced by :class:`Undeclared`, so that a stage using a field it did not declare fails at once (it
-    would otherwise compute from a value that its cache key does not see). Keys use :func:`narrowed`."""
+    would otherwise compute from a value that its cache key does not see); fields outside every key by design
+    (``metadata={"cache_key": False}``: how to run, not what to make) stay as given. Keys use :func:`narrowed`."""
     if isinstance(value, (list, tuple)):
         return type(value)(declared(v, reads) for v in value)
     guarded = copy.copy(value)  # not dataclasses.replace: no __post_init__ runs on the guards
     name = type(value).__name__
     for f in dataclasses.fields(value):
-        if f.name not in reads and f.init:
+        if f.name not in reads and f.init and f.metadata.get("cache_key", True):
             object.__setattr__(guarded, f.name, Undeclared(f"{name}.{f.name}"))
     return guarded
 

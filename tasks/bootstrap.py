@@ -63,7 +63,8 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
             record = run_stage(f"{STAGE}-agent", MODULES, ctx, inputs,
                                lambda folder, m=m, roles=roles: warm_start_owner(
                                    folder, m, roles, weights[m.name].model_dir, weights[m.name].tokenizer_dir, dataset,
-                                   ctx.grading(grading)))
+                                   ctx.grading(grading)),
+                               {"member": READS["members"], "grading": READS["grading"]})
             weights[m.name] = dataclasses.replace(weights[m.name], model_dir=str(Path(record.dir) / "model"))
             metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
         atomic_write_json(out / "model_dirs.json", {o: w.model_dir for o, w in weights.items()})

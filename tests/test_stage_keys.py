@@ -227,5 +227,6 @@ def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
             use(unread)
     members = declared(list(cfg.agents.members), ("name",))
     assert [m.name for m in members] == [m.name for m in cfg.agents.members]
+    assert members[0].gpu_ids == cfg.agents.members[0].gpu_ids  # outside every key by design: as given
     with pytest.raises(UndeclaredRead, match=r"AgentConfig\.optimizer"):
         members[0].optimizer.lr
