@@ -391,13 +391,14 @@ SLOW_VLLM_LOAD = {  # a stand-in vLLM whose load starts its engine core, then ta
 }
 
 
-@pytest.mark.parametrize("end", ["parent-dies", "parent-dies-behind-a-wrapper", "stop-file"])
+@pytest.mark.parametrize("end", ["parent-dies", "parent-dies-behind-a-wrapper", "stop-file", "sigterm"])
 def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_load_started(tmp_path, end):
     """A large vLLM model loads for minutes, on the engine's main thread. An end that comes meanwhile (its client
-    dies where the parent-death signal is not honoured, or, for a node service, its run's STOP file appears) is
-    seen by a thread that watches during the load, and the engine's whole group goes: vLLM's engine core, which the
-    load has already started, with it; also when an interpreter wrapper that does not exec (``conda run``) leads
-    the group instead of the engine."""
+    dies where the parent-death signal is not honoured, or, for a node service, its run's STOP file appears, or
+    SIGTERM reaches an engine started by hand, which its handler only records) is seen by a thread that watches
+    during the load, and the engine's whole group goes: vLLM's engine core, which the load has already started, with
+    it; also when an interpreter wrapper that does not exec (``conda run``) leads the group instead of the
+    engine."""
     for name, text in SLOW_VLLM_LOAD.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -410,9 +411,9 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
         spec = dataclasses.asdict(EngineSpec("qwen", "/m", "/m", version="v1", device="cuda", kind="vllm",
                                              vllm={{"model": "/m"}}))
         spec["own_group"] = True  # as the client: started in a session of its own
-        if {end != "stop-file"}:  # a child engine, whose parent dies with no parent-death signal
+        if {end.startswith("parent-dies")}:  # a child engine, whose parent dies with no parent-death signal
             spec["parent_pid"] = os.getpid()
-        else:  # a node service, whose run's STOP file appears
+        elif {end == "stop-file"}:  # a node service, whose run's STOP file appears
             spec.update(stop_file={str(stop_file)!r}, idle_exit_s=900)
         env = {{**os.environ, "MARS2_ENGINE_AUTHKEY": os.urandom(16).hex(), "FAKE_VLLM_LOG": {str(core_log)!r},
                "PYTHONPATH": {str(tmp_path)!r} + ":" + os.environ.get("PYTHONPATH", "")}}
@@ -434,11 +435,13 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
         core_pid = int(core_log.read_text())  # the load has started the engine core and is now "loading"
         core = Known.of(core_pid)
         assert _alive(engine_pid) and _alive(core_pid)
-        if end != "stop-file":
+        if end.startswith("parent-dies"):
             proc.kill()
             proc.wait()
-        else:
+        elif end == "stop-file":
             stop_file.touch()
+        else:
+            os.kill(engine_pid, signal.SIGTERM)
         assert _gone_within(engine_pid, 10), f"the loading engine outlived {end}"
         assert _gone_within(core_pid, 10), "the engine core its load started outlived it"
     finally:

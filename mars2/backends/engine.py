@@ -478,6 +478,8 @@ class EngineClient:
             else:
                 with self._service_lock():  # a shared service may have been restarted by another stage already
                     if not self._attach(keep_version=True):
+                        if self._local and self._pid is not None:  # what the killed one held is free first
+                            wait_group_gone(self._pid, GROUP_GONE_S)
                         self._start()  # from the latest weights (self.spec)
         except BaseException as e:  # whatever it is, the callers waiting on this engine hear of it
             self._fail(e if isinstance(e, EngineError) else EngineError(

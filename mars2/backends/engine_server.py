@@ -356,6 +356,8 @@ def main(address: str, spec_json: str) -> None:
                      name="load-watch").start()
     state = EngineState(start_engine(spec), spec["model_dir"], spec["version"])
     loaded.set()
+    if _terminated:  # SIGTERM came at the end of the load, which the load-watch may have missed: no one attaches
+        stop(state)
     authkey = bytes.fromhex(os.environ.pop("MARS2_ENGINE_AUTHKEY"))
     if address.startswith(TCP):  # no key here: each connection proves it in its own thread (accept_forever)
         listener = tcp_listener(address[len(TCP):], os.environ.get(ENGINE_PORTS))
