@@ -27,8 +27,8 @@ the engine (``python -m mars2.backends.engine_server``: transformers on CPU or o
 environment), restarts it once if it crashes or its engine dies (with the latest weights, sending again every
 request not yet answered; one that crashed asleep, at the next request; a second crash is an :class:`EngineError`
 naming the agent), and stops it on :meth:`close`, at exit, and — through ``PR_SET_PDEATHSIG`` — when the client's
-process dies, so no engine outlives its run. With ``service_dir`` the engine is instead a node service shared by the stages of a run on one
-node, and with ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
+process dies, so no engine outlives its run. With ``service_dir`` the engine is instead a node service shared by the
+stages of a run on one node, and with ``provide`` one on another node, reached over TCP (see :class:`EngineClient`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ from mars2.io import atomic_write_text
 from mars2.procs import exit_code, kill_group, popen_bound, wait_exit, wait_group_gone
 
 STOP_FILE = "STOP"  # in a run's engine folder: every node service of the run stops
-GROUP_GONE_S = 10.0  # how long a sleep in flight when its engine died waits for the engine's processes to be gone
+# how long a killed local engine's processes are waited for to be gone (their memory free): before a sleep that was in
+# flight counts as done, and before the engine is started again
+GROUP_GONE_S = 10.0
 STARTS_FILE = "starts"  # a run's engine folder: a line per start on a worker ("<agent> <node> <pid>|fresh|failed")
 NODE_NAME = "MARS2_NODE_NAME"  # the node's name in a run's engine folder (default: its host name)
 NODE_ADDRESS = "MARS2_NODE_ADDRESS"  # the address other nodes reach this one's TCP services at (default: its FQDN)

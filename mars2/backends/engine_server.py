@@ -274,9 +274,8 @@ def serve(conn, state: EngineState) -> None:
 
 def terminated(signum, frame) -> None:
     """The SIGTERM handler (a child engine's parent-death signal): it only records the signal, and the watch
-    (:func:`supervise`, within its half-second poll) stops the engine. A handler that stopped it itself ran on the
-    main thread, possibly inside a :func:`stop` already under way there (the watch's, for the same dead client), and
-    waited for ever for the lock that interrupted frame held (``_stopping``'s): engines outlived their killed run."""
+    (:func:`supervise`, within its half-second poll) stops the engine. It takes no lock: it runs on the main thread,
+    possibly inside a :func:`stop` already under way there, holding a lock that stop() takes (``_stopping``'s)."""
     global _terminated
     _terminated = True
 
