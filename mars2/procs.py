@@ -107,37 +107,28 @@ def kill_group(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
+def live_processes() -> dict[int, list[str]]:
+    """pid → the fields of ``/proc/<pid>/stat`` after the command name (state, ppid, pgid, ...), zombies left out."""
+    live = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:
+            continue  # exited meanwhile
+        if fields[0] not in ("Z", "X"):
+            live[int(entry)] = fields
+    return live
+
+
 def wait_group_gone(pgid: int, timeout_s: float) -> bool:
     """Wait until no live process is left in process group ``pgid`` (signalled to death: its members may still be
     exiting and freeing their memory, a GPU's included), at most ``timeout_s``; whether it is gone. Zombies do not
     count: they hold no memory, and where nothing reaps orphans (a container whose first process is no init) they
     stay for good."""
     deadline = time.monotonic() + timeout_s
-    while _group_alive(pgid):
+    while any(int(fields[2]) == pgid for fields in live_processes().values()):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
     return True
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is alive (not a zombie): from /proc where there is one, else signal 0."""
-    if not os.path.isdir("/proc/self"):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        except OSError:
-            continue  # exited meanwhile
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False

@@ -11,6 +11,8 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+from mars2.procs import live_processes
+
 
 def start_time(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks since boot, or None if there is no such process."""
@@ -43,29 +45,15 @@ class Known:
                 (os.killpg if group else os.kill)(self.pid, sig)
 
 
-def _live_processes() -> dict[int, list[str]]:
-    """pid → the fields of ``/proc/<pid>/stat`` after the command name (state, ppid, pgid, ...), zombies left out."""
-    live = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            live[int(entry)] = fields
-    return live
-
-
 def group_members(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` (a zombie leader, still holding the group's id, excluded)."""
-    return [pid for pid, fields in _live_processes().items() if int(fields[2]) == pgid]
+    return [pid for pid, fields in live_processes().items() if int(fields[2]) == pgid]
 
 
 def descendants(pid: int) -> list[int]:
     """The live descendants of ``pid`` (children, their children, ...)."""
     children: dict[int, list[int]] = {}
-    for child, fields in _live_processes().items():
+    for child, fields in live_processes().items():
         children.setdefault(int(fields[1]), []).append(child)
     found, stack = [], list(children.get(pid, []))
     while stack:
