@@ -24,7 +24,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 TINY_ARCHS = ("qwen2", "llama")
 LOSSES = ("gspo", "grpo")
 ADVANTAGES = ("tree", "group", "rloo")  # mars2.rl.advantage.ADVANTAGES' names (that module needs no config)
-STRATEGIES = ("ab_mcts", "independent")
+TREE_STRATEGIES = ("ab_mcts", "sequential")  # mars2.search.run.TREE_POLICIES' names (that module needs the config)
+STRATEGIES = (*TREE_STRATEGIES, "independent")
 SEARCH_SCORES = ("public_fraction", "all_tests_binary")
 DISTS = ("gaussian", "beta")
 ISOLATIONS = ("auto", "bwrap", "process")
@@ -268,11 +269,14 @@ class Prior:
 
 @dataclass
 class SearchConfig:
-    """Rollout. ``ab_mcts``: MARS² multi-agent AB-MCTS-A, one ``max_nodes``-node tree per problem.
-    ``independent``: each agent samples ``n_samples`` programs per problem (vanilla GRPO baseline)."""
+    """Rollout. ``ab_mcts``: MARS² multi-agent AB-MCTS-A, one ``max_nodes``-node tree per problem; ``sequential``:
+    one ``max_nodes``-node chain per problem. ``independent``: each agent samples ``n_samples`` programs per problem
+    (vanilla GRPO baseline)."""
 
-    strategy: str = choice("ab_mcts", STRATEGIES, "ab_mcts (search=ab_mcts), independent (search=sampling)")
-    """ab_mcts: the shared multi-agent tree; independent: i.i.d. samples per agent (GRPO)."""
+    strategy: str = choice("ab_mcts", STRATEGIES,
+                           "ab_mcts (search=ab_mcts), sequential (search=sequential), independent (search=sampling)")
+    """ab_mcts: the shared multi-agent AB-MCTS-A tree; sequential: a chain, each node refining the last, agents in
+    turn; independent: i.i.d. samples per agent (GRPO). The evaluation trees' is ``eval.tree_strategy``."""
     max_nodes: int = 8
     """nodes per tree (train 8 in the paper)."""
     expansions_per_wave: int = 1
@@ -406,6 +410,9 @@ class EvalConfig:
     """build evaluation trees → Pass@1(MCTS), Pass@N."""
     max_nodes: int = 4
     """N: nodes per evaluation tree."""
+    tree_strategy: str = choice("ab_mcts", TREE_STRATEGIES)
+    """the search strategy of the evaluation trees (search.strategy's tree strategies), the same for every arm of a
+    study whatever its training search."""
     tree_temperature: float = 1.0
     """sampling temperature inside evaluation trees."""
     tree_last_only: bool = False

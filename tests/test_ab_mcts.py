@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mars2.search.ab_mcts import ABMCTSA, ROOT, DepthDecay, Expansion, Prior, SearchTree, nig_posterior, thompson_draw
+from mars2.search.ab_mcts import ABMCTSA, ROOT, DepthDecay, Expansion, Prior, ABMCTSTree, nig_posterior, thompson_draw
 
 
 def test_nig_posterior_matches_the_formula_by_hand():
@@ -28,13 +28,13 @@ def test_thompson_draws_concentrate_on_the_data():
 
 
 def test_first_ask_generates_at_the_root():
-    tree = SearchTree(agents=("a",))
+    tree = ABMCTSTree(agents=("a",))
     assert ABMCTSA().ask(tree, np.random.default_rng(0)) == Expansion(parent=ROOT, agent="a")
 
 
 def test_backup_follows_the_rules():
     policy = ABMCTSA()
-    tree = SearchTree(agents=("a", "b"))
+    tree = ABMCTSTree(agents=("a", "b"))
     n0 = policy.tell(tree, Expansion(ROOT, "a"), 0.2)
     n1 = policy.tell(tree, Expansion(n0, "b"), 0.6)
     n2 = policy.tell(tree, Expansion(n1, "a"), 1.0)
@@ -50,7 +50,7 @@ def test_backup_follows_the_rules():
 
 def test_descends_to_the_clearly_better_child_when_cont_wins():
     policy = ABMCTSA()
-    tree = SearchTree(agents=("a",))
+    tree = ABMCTSTree(agents=("a",))
     for score in (0.0, 1.0):
         policy.tell(tree, Expansion(ROOT, "a"), score)
     # make CONT at the root look much better than GEN
@@ -64,7 +64,7 @@ def test_descends_to_the_clearly_better_child_when_cont_wins():
 
 
 def test_ties_go_to_gen():
-    tree = SearchTree(agents=("a",))
+    tree = ABMCTSTree(agents=("a",))
     ABMCTSA().tell(tree, Expansion(ROOT, "a"), 0.5)
 
     class Fixed:
@@ -81,8 +81,8 @@ def test_single_agent_reduces_to_single_agent_ab_mcts():
     """With one agent the agent draw consumes no randomness, so the tree equals a run with no agent choice."""
     rng1, rng2 = np.random.default_rng(5), np.random.default_rng(5)
     policy = ABMCTSA()
-    t1 = SearchTree(agents=("solo",))
-    t2 = SearchTree(agents=("solo",))
+    t1 = ABMCTSTree(agents=("solo",))
+    t2 = ABMCTSTree(agents=("solo",))
     scores = np.random.default_rng(9).random(12)
     for s in scores:
         e1 = policy.ask(t1, rng1)
@@ -103,7 +103,7 @@ def test_an_agent_that_always_scores_one_is_chosen_more_often():
     policy = ABMCTSA()
     counts = {"good": 0, "bad": 0}
     for seed in range(20):
-        tree = SearchTree(agents=("bad", "good"))
+        tree = ABMCTSTree(agents=("bad", "good"))
         rng = np.random.default_rng(seed)
         for _ in range(16):
             e = policy.ask(tree, rng)
@@ -114,7 +114,7 @@ def test_an_agent_that_always_scores_one_is_chosen_more_often():
 
 def test_seeded_search_is_reproducible():
     def run(seed):
-        tree, rng, policy = SearchTree(agents=("a", "b")), np.random.default_rng(seed), ABMCTSA(Prior(dist="beta"))
+        tree, rng, policy = ABMCTSTree(agents=("a", "b")), np.random.default_rng(seed), ABMCTSA(Prior(dist="beta"))
         for i in range(10):
             e = policy.ask(tree, rng)
             policy.tell(tree, e, (i % 3) / 2)
@@ -128,7 +128,7 @@ def test_depth_decay_scales_gen_observations():
     assert d.factor(1, 0) == 1.0 and d.factor(1, 2) == pytest.approx(0.98**2)
     assert d.factor(3, 1) == pytest.approx(0.94) and d.factor(50, 1) == 0.8
     policy = ABMCTSA(depth_decay=d)
-    tree = SearchTree(agents=("a",))
+    tree = ABMCTSTree(agents=("a",))
     policy.tell(tree, Expansion(ROOT, "a"), 1.0)
     policy.tell(tree, Expansion(ROOT, "a"), 1.0)
     assert tree.root.gen_obs == pytest.approx([1.0, 0.98])
@@ -137,4 +137,4 @@ def test_depth_decay_scales_gen_observations():
 
 def test_beta_rejects_scores_outside_unit_interval():
     with pytest.raises(ValueError):
-        ABMCTSA(Prior(dist="beta")).tell(SearchTree(agents=("a",)), Expansion(ROOT, "a"), 1.5)
+        ABMCTSA(Prior(dist="beta")).tell(ABMCTSTree(agents=("a",)), Expansion(ROOT, "a"), 1.5)

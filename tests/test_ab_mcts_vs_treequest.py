@@ -7,7 +7,7 @@ of nodes written by each agent, the mean depth and the share of fresh root solut
 import numpy as np
 import pytest
 
-from mars2.search.ab_mcts import ABMCTSA, SearchTree
+from mars2.search.ab_mcts import ABMCTSA, ABMCTSTree
 
 treequest = pytest.importorskip("treequest")
 
@@ -32,7 +32,7 @@ def ours() -> dict[str, float]:
     nodes = []
     policy = ABMCTSA()
     for seed in range(N_TREES):
-        tree, rng, noise = SearchTree(agents=tuple(AGENTS)), np.random.default_rng(seed), np.random.default_rng(10_000 + seed)
+        tree, rng, noise = ABMCTSTree(agents=tuple(AGENTS)), np.random.default_rng(seed), np.random.default_rng(10_000 + seed)
         for _ in range(N_NODES):
             e = policy.ask(tree, rng)
             depth = tree.node(e.parent).depth + 1

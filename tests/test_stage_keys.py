@@ -56,6 +56,15 @@ def test_evaluation_keys_on_its_own_tree_settings_not_the_training_search(cfg, t
     assert key(members=_member(cfg, role_prompt="be brief")) != base
 
 
+def test_evaluation_keys_on_its_tree_strategy(cfg, tmp_path):
+    def key(setting):
+        return _key(evaluation.evaluate, tmp_path, evaluation=setting, search=cfg.search, grading=cfg.grading,
+                    backend=cfg.backend, members=cfg.agents.members, weight_records={}, agents=_record("agents"),
+                    dataset=_record("data"), cycle=-1, max_problems=3)
+
+    assert key(replace(cfg.eval, tree_strategy="sequential")) != key(cfg.eval)
+
+
 def test_advantage_keys_on_shaping_and_routing_not_the_optimizer(cfg, tmp_path):
     def key(train=cfg.train, search=cfg.search, members=cfg.agents.members):
         return _key(advantage.compute_advantages, tmp_path, train=train, search=search, members=members,

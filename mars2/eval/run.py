@@ -29,8 +29,8 @@ def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, sea
                         progress: Callable[[int, int], None] | None = None,
                         journal: Journal | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The i.i.d. samples (``evaluation.n_samples`` per agent per problem) and the evaluation trees: the team's
-    ``evaluation.max_nodes``-node AB-MCTS-A tree (and one per agent alone with ``per_agent_trees``), without and/or with
-    T+ (detailed feedback + depth-guided exploration). Public scores only: hidden grading comes after.
+    ``evaluation.max_nodes``-node tree (and one per agent alone with ``per_agent_trees``), without and/or with T+
+    (detailed feedback + depth-guided exploration), built by ``evaluation.tree_strategy`` (AB-MCTS-A by default). Public scores only: hidden grading comes after.
     ``progress`` is told ``(programs generated, programs in all)`` as samples and tree nodes come in. With
     ``journal``, each problem's samples and each tree are kept as they are finished (:func:`evaluation_parts` names
     the parts), and what an earlier run of the stage key kept is not generated again."""
@@ -57,7 +57,7 @@ def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, sea
     trees = []
     if evaluation.tree:
         for tplus in evaluation.tplus:
-            tree_search = dataclasses.replace(search, strategy="ab_mcts", score="public_fraction",
+            tree_search = dataclasses.replace(search, strategy=evaluation.tree_strategy, score="public_fraction",
                                               max_nodes=evaluation.max_nodes,
                                               detailed_feedback=tplus, depth_decay=tplus,
                                               temperature=evaluation.tree_temperature)

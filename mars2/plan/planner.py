@@ -285,12 +285,12 @@ def in_flight(cfg: RunConfig) -> int:
     """Requests one agent's engines may hold at once in a rollout: every tree of the cycle has up to
     ``expansions_per_wave`` requests in flight, and each may ask this agent (with m agents the mean share is 1/m,
     but a tree's agent is drawn per node, so the memory plan takes the bound); at most ``search.trees_in_flight``
-    trees are searched at once. Independent sampling sends ``n_samples`` per problem."""
+    trees are searched at once (whatever the tree strategy). Independent sampling sends ``n_samples`` per problem."""
     trees = cfg.data.max_train_problems or cfg.search.batch_size
-    if cfg.search.strategy == "ab_mcts":
-        window = cfg.search.trees_in_flight
-        return (min(trees, window) if window else trees) * cfg.search.expansions_per_wave
-    return trees * cfg.search.n_samples
+    if cfg.search.strategy == "independent":
+        return trees * cfg.search.n_samples
+    window = cfg.search.trees_in_flight
+    return (min(trees, window) if window else trees) * cfg.search.expansions_per_wave
 
 
 def _check(shape: ModelShape, member: AgentConfig, profile: DeepSpeedProfile, upd: UpdateMemory | None,

@@ -1,6 +1,6 @@
 """AB-MCTS-A with Thompson sampling over several agents (docs/algorithm.md §3–§6), as stateless ask/tell.
 
-The caller owns one :class:`SearchTree` per problem and alternates ``ask`` (where to expand, which agent
+The caller owns one :class:`ABMCTSTree` per problem and alternates ``ask`` (where to expand, which agent
 writes the node) and ``tell`` (the new node's score). Selection:
 
 1. the root has no children → GEN at the root;
@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mars2.config import DISTS, Prior
-
-ROOT = -1
+from mars2.search.tree import ROOT, Expansion, SearchNode, SearchTree
 
 
 @dataclass(frozen=True)
@@ -70,48 +69,32 @@ def thompson_draw(obs: list[float], prior: Prior, rng: np.random.Generator) -> f
 
 
 @dataclass
-class SearchNode:
-    parent: int | None  # None for the root, ROOT (−1) for children of the root
-    depth: int
-    agent: str | None
-    score: float | None
-    children: list[int] = field(default_factory=list)
+class ABMCTSNode(SearchNode):
     value_obs: list[float] = field(default_factory=list)  # value of this node, seen from its parent
     gen_obs: list[float] = field(default_factory=list)  # GEN posterior at this node
     cont_obs: list[float] = field(default_factory=list)  # CONT posterior at this node
 
 
 @dataclass
-class SearchTree:
-    """One problem's tree. ``nodes[i]`` is node i in expansion order; the root is separate (id −1)."""
+class ABMCTSTree(SearchTree):
+    """A :class:`SearchTree` with AB-MCTS-A's observations: every node's three posteriors, each agent's tree-wide
+    scores and (for T+) the GEN expansions made at each depth."""
 
-    agents: tuple[str, ...]
-    root: SearchNode = field(default_factory=lambda: SearchNode(parent=None, depth=0, agent=None, score=None))
-    nodes: list[SearchNode] = field(default_factory=list)
     agent_scores: dict[str, list[float]] = field(default_factory=dict)
     gens_at_depth: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for a in self.agents:
             self.agent_scores.setdefault(a, [])
 
-    def node(self, i: int) -> SearchNode:
-        return self.root if i == ROOT else self.nodes[i]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-
-@dataclass(frozen=True)
-class Expansion:
-    """Where to add the next node (``parent``: −1 = the root, i.e. a fresh solution) and which agent writes it."""
-
-    parent: int
-    agent: str
+    def new_node(self, *, parent: int | None, depth: int, agent: str | None, score: float | None) -> ABMCTSNode:
+        return ABMCTSNode(parent=parent, depth=depth, agent=agent, score=score)
 
 
 class ABMCTSA:
-    """Stateless policy: all state lives in the :class:`SearchTree` the caller passes in."""
+    """Stateless policy (:class:`mars2.search.tree.TreePolicy`): all state lives in the :class:`ABMCTSTree` the
+    caller passes in."""
 
     def __init__(self, prior: Prior = Prior(), depth_decay: DepthDecay | None = None):
         if prior.dist not in DISTS:
@@ -119,7 +102,10 @@ class ABMCTSA:
         self.prior = prior
         self.depth_decay = depth_decay
 
-    def ask(self, tree: SearchTree, rng: np.random.Generator) -> Expansion:
+    def new_tree(self, agents: tuple[str, ...]) -> ABMCTSTree:
+        return ABMCTSTree(agents=agents)
+
+    def ask(self, tree: ABMCTSTree, rng: np.random.Generator) -> Expansion:
         node_id = ROOT
         node = tree.root
         while node.children:
@@ -132,23 +118,21 @@ class ABMCTSA:
             node = tree.nodes[node_id]
         return Expansion(parent=node_id, agent=self.choose_agent(tree, rng))
 
-    def choose_agent(self, tree: SearchTree, rng: np.random.Generator) -> str:
+    def choose_agent(self, tree: ABMCTSTree, rng: np.random.Generator) -> str:
         """argmax over agents of a Thompson draw from each agent's tree-wide scores (one agent: itself)."""
         if len(tree.agents) == 1:
             return tree.agents[0]
         draws = [thompson_draw(tree.agent_scores[a], self.prior, rng) for a in tree.agents]
         return tree.agents[int(np.argmax(draws))]
 
-    def tell(self, tree: SearchTree, expansion: Expansion, score: float) -> int:
+    def tell(self, tree: ABMCTSTree, expansion: Expansion, score: float) -> int:
         """Add the node written by ``expansion.agent`` under ``expansion.parent`` with ``score``; back it up."""
         if self.prior.dist == "beta" and not 0.0 <= score <= 1.0:
             raise ValueError(f"beta posteriors need scores in [0, 1], got {score}")
         parent = tree.node(expansion.parent)
-        depth = parent.depth + 1
-        new_id = len(tree.nodes)
-        tree.nodes.append(SearchNode(parent=expansion.parent, depth=depth, agent=expansion.agent, score=score,
-                                     value_obs=[score]))
-        parent.children.append(new_id)
+        new_id = tree.add(expansion, score)
+        depth = tree.nodes[new_id].depth
+        tree.nodes[new_id].value_obs.append(score)
         tree.agent_scores.setdefault(expansion.agent, []).append(score)
         gen_score = score
         if self.depth_decay is not None:

@@ -1,7 +1,8 @@
-"""A rollout from its config: the search signal (public tests in the sandbox), the policy, the strategy.
+"""A rollout from its config: the search signal (public tests in the sandbox), the strategy.
 
-``run_search`` is what the rollout and evaluation stages call; it builds AB-MCTS-A (or independent sampling, the
-GRPO baseline) from a :class:`mars2.config.SearchConfig` and grades programs with a :class:`GradingConfig`.
+``run_search`` is what the rollout and evaluation stages call; it builds the tree search strategy
+``search.strategy`` names (:data:`TREE_POLICIES`), or independent sampling (the GRPO baseline), from a
+:class:`mars2.config.SearchConfig` and grades programs with a :class:`GradingConfig`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from mars2.backends.base import SamplingParams
 from mars2.config import GradingConfig, SearchConfig
 from mars2.data.schema import Problem
 from mars2.journal import Journal
+from mars2.search.ab_mcts import ABMCTSA, DepthDecay
+from mars2.search.sequential import SequentialRefinement
+from mars2.search.tree import TreePolicy
 from mars2.search.tree_search import AgentRunner, GradeFn
 
 
@@ -37,21 +41,34 @@ def search_sampling(search: SearchConfig, seed: int) -> SamplingParams:
                           seed=seed)
 
 
-def search_policy(search: SearchConfig):
+def ab_mcts_policy(search: SearchConfig) -> ABMCTSA:
     """AB-MCTS-A with the configured posterior prior and, for T+, depth-guided exploration."""
-    from mars2.search.ab_mcts import ABMCTSA, DepthDecay
-
     decay = (DepthDecay(search.depth_gamma0, search.depth_gamma_step, search.depth_gamma_min)
              if search.depth_decay else None)
     return ABMCTSA(search.prior, decay)
+
+
+# search.strategy -> the tree search strategy it builds; mars2.config.STRATEGIES holds these names and independent
+TREE_POLICIES: dict[str, Callable[[SearchConfig], TreePolicy]] = {
+    "ab_mcts": ab_mcts_policy,
+    "sequential": lambda search: SequentialRefinement(),
+}
+
+
+def search_policy(search: SearchConfig) -> TreePolicy:
+    """The tree search strategy ``search.strategy`` names, built from ``search``."""
+    if search.strategy not in TREE_POLICIES:
+        raise ValueError(f"search.strategy {search.strategy!r} builds no tree; tree strategies: {sorted(TREE_POLICIES)}")
+    return TREE_POLICIES[search.strategy](search)
 
 
 def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], search: SearchConfig,
                sampling: SamplingParams, grade: GradeFn,
                progress: Callable[[int, int], None] | None = None,
                on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem,
-    or ``search.n_samples`` i.i.d. samples per agent per problem (``strategy: independent``). ``progress`` is told
+    """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem
+    built by ``search.strategy``, or ``search.n_samples`` i.i.d. samples per agent per problem
+    (``strategy: independent``). ``progress`` is told
     ``(nodes built, nodes in all)`` as nodes are built; ``on_tree(problem id, rows)`` as a problem's nodes are
     finished."""
     from mars2.search.sampling import run_independent_sampling

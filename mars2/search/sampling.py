@@ -11,8 +11,8 @@ from typing import Any
 
 from mars2.backends.base import Generation, SamplingParams, request_seed
 from mars2.data.schema import Problem
-from mars2.search.ab_mcts import ROOT
 from mars2.search.prompts import extract_code, generate_prompt
+from mars2.search.tree import ROOT
 from mars2.search.tree_search import PUBLIC, AgentRunner, GradeFn, SearchSignal, node_row
 
 

@@ -1,13 +1,14 @@
-"""Many AB-MCTS-A trees searched at once, asynchronously: no tree waits for another.
+"""Many trees searched at once, asynchronously: no tree waits for another.
 
-Each tree asks for its next expansion as soon as its previous node is scored: ask (policy) → prompt → the agent's
+Each tree asks its strategy (:class:`mars2.search.tree.TreePolicy`: AB-MCTS-A, sequential refinement, ...) for its
+next expansion as soon as its previous node is scored: ask → prompt → the agent's
 engine (``backend.submit``) → public-test grading in the sandbox pool → tell → ask again. Every agent's engine
 batches whatever requests are in flight (continuous batching), so all owners generate at the same time and
 grading overlaps generation. The only ordering is within a tree, so with per-request seeds
 (``request_seed(run seed, problem, node index)``) a tree's history does not depend on timing or on the other trees.
 
 ``expansions_per_wave`` = k asks k expansions of a tree before telling their scores (TreeQuest's ``ask_batch``):
-k = 1 is sequential AB-MCTS-A. A backend without ``submit`` (one call per batch: a cold vLLM worker, a test's
+k = 1 asks after every score, as the strategy is written. A backend without ``submit`` (one call per batch: a cold vLLM worker, a test's
 recorder) gets its requests in one ``generate`` call whenever nothing else is in flight, which is the wave schedule
 of a static batch; the trees are the same either way.
 """
@@ -26,8 +27,8 @@ import numpy as np
 
 from mars2.backends.base import Generation, GenerationBackend, SamplingParams, StreamingBackend, request_seed
 from mars2.data.schema import Problem, TestCase
-from mars2.search.ab_mcts import ABMCTSA, ROOT, Expansion, SearchTree
 from mars2.search.prompts import chat_messages, extract_code, generate_prompt, refine_prompt, result_summary
+from mars2.search.tree import ROOT, Expansion, TreePolicy
 
 # (code, tests, func_name) jobs → one verdict-like object per job with status/passed/total/detail
 GradeFn = Callable[[list[tuple[str | None, tuple[TestCase, ...], str | None]]], list[Any]]
@@ -87,7 +88,7 @@ class Round:
     left: int
 
 
-def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
+def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: TreePolicy,
                     max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int = 0,
                     detailed_feedback: bool = False, expansions_per_wave: int = 1, signal: SearchSignal = PUBLIC,
                     progress: Callable[[int, int], None] | None = None,
@@ -101,8 +102,9 @@ def run_tree_search(problems: Sequence[Problem], agents: Mapping[str, AgentRunne
     finishes (0: all at once): trees then finish all along the rollout instead of together at its end, and a tree's
     nodes do not depend on W.
 
-    ``expansions_per_wave`` = k asks per tree before the round's tells: k = 1 is sequential AB-MCTS-A; k > 1
-    keeps k requests of a tree in flight at the price of k−1 selections that do not yet see each other's scores.
+    ``expansions_per_wave`` = k asks of ``policy`` per tree before the round's tells: k = 1 is the strategy as written
+    (sequential AB-MCTS-A); k > 1 keeps k requests of a tree in flight at the price of k−1 selections that do not
+    yet see each other's scores.
     """
     if expansions_per_wave < 1:
         raise ValueError(f"expansions_per_wave must be >= 1, got {expansions_per_wave}")
@@ -121,7 +123,7 @@ class TreeSearch:
     grading call) arrives as an event on one queue, and ``run`` handles what has arrived together, so the programs
     that came back meanwhile are graded in one call."""
 
-    def __init__(self, problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: ABMCTSA,
+    def __init__(self, problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, policy: TreePolicy,
                  max_nodes: int, sampling: SamplingParams, grade: GradeFn, seed: int, detailed_feedback: bool,
                  expansions_per_wave: int, signal: SearchSignal, progress: Callable[[int, int], None] | None,
                  on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None, trees_in_flight: int = 0):
@@ -133,7 +135,7 @@ class TreeSearch:
                                                                           detailed_feedback, progress)
         self.names = tuple(agents)
         self.by_id = {p.id: p for p in problems}
-        self.trees = {p.id: SearchTree(agents=self.names) for p in problems}
+        self.trees = {p.id: policy.new_tree(self.names) for p in problems}
         self.rngs = {p.id: tree_seed(seed, p.id) for p in problems}
         self.rows: dict[str, list[dict[str, Any]]] = {p.id: [] for p in problems}
         self.rounds: dict[str, Round] = {}

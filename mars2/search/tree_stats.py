@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mars2.search.ab_mcts import ROOT
+from mars2.search.tree import ROOT
 
 
 def tree_stats(nodes: pd.DataFrame) -> dict[str, float]:
