@@ -344,7 +344,7 @@ def method_verdict(rows: list[dict], after: dict[str, float], before: dict[str, 
     if refine is not None:
         signs.append((refine >= 0.10, f"refinements pass at most {100 * refine:.1f}% in a cycle"))
     if cross is not None:
-        signs.append((cross > 0, f"cross-agent refinements at most {100 * cross:.1f}%"))
+        signs.append((cross > 0, f"cross-agent refinements pass at most {100 * cross:.1f}%"))
     if start is not None:
         signs.append((mcts >= start, f"held-out Pass@1(MCTS) {100 * start:.1f}% → {100 * mcts:.1f}%"))
     shown = all(ok for ok, _ in signs) and refine is not None

@@ -124,7 +124,7 @@ def test_the_closing_line_says_whether_the_run_shows_the_method_from_its_four_si
     toy = method_verdict(rows, {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.188}, before)
     assert toy == ("**This run does not show the method's mechanism**: the team tree does not beat one sample "
                    "(Pass@1(MCTS) 18.8% vs Pass@1 34.4%); refinements pass at most 0.0% in a cycle; cross-agent "
-                   "refinements at most 0.0%; held-out Pass@1(MCTS) 15.6% → 18.8% (it needs all four: RESULTS.md, "
+                   "refinements pass at most 0.0%; held-out Pass@1(MCTS) 15.6% → 18.8% (it needs all four: RESULTS.md, "
                    "\"The refine gate\").")
     rows[2]["metrics"] = {"refine_pass_rate": 0.31, "cross_refine_pass_rate": 0.12}
     works = method_verdict(rows, {"team/pass_at_1": 0.344, "team/pass_at_1_mcts": 0.5}, before)
