@@ -50,6 +50,9 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     members, grading = declared(members, READS["members"]), declared(grading, READS["grading"])
 
     def produce(out: Path) -> dict:
+        from mars2.search.run import public_grader
+        from mars2.train.warm_start import warm_start_owner
+
         weights = {o: agents.weights_of(o) for o in agents.weights}
         metrics: dict[str, float] = {}
         for m in members:
@@ -62,8 +65,9 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
                 inputs["grading"] = grading
             record = run_stage(f"{STAGE}-agent", MODULES, ctx, inputs,
                                lambda folder, m=m, roles=roles: warm_start_owner(
-                                   folder, m, roles, weights[m.name].model_dir, weights[m.name].tokenizer_dir, dataset,
-                                   ctx.grading(grading)),
+                                   folder, m.name, m.bootstrap, roles, weights[m.name].model_dir,
+                                   weights[m.name].tokenizer_dir, *warm_start_inputs(m, dataset),
+                                   public_grader(ctx.grading(grading))),
                                {"member": READS["members"], "grading": READS["grading"]})
             weights[m.name] = dataclasses.replace(weights[m.name], model_dir=str(Path(record.dir) / "model"))
             metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
@@ -73,84 +77,18 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
 
 
-def warm_start_owner(out: Path, member: AgentConfig, roles: list[str], init_model: str, tokenizer: str,
-                     dataset: StageRecord, grading: GradingConfig) -> dict:
-    """Fine-tune one owner's initial weights on its data mix (generate examples, and refine examples of faulty
-    variants and of the dataset's wrong readings, graded in the sandbox with ``grading``), then, with ``own_failures``,
-    a second phase that adds its own failed samples as refine examples; writes ``model/`` (complete: with the tokenizer
-    files), ``mix.json`` and the refine cases (problem id, program, public status) as ``faulty.json`` /
-    ``wrong_readings.json`` / ``own_failures.json`` into ``out``."""
-    from rich.progress import Progress
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from mars2.backends.transformers_backend import TransformersBackend
+def warm_start_inputs(member: AgentConfig, dataset: StageRecord) -> tuple[list, dict[str, str], dict | None]:
+    """The dataset files an owner's warm-start reads: the training problems, their reference solutions and (with
+    ``bootstrap.wrong_readings``) the wrong readings; a clear error where the dataset lacks them."""
     from mars2.data.tables import problems_from_frame
-    from mars2.search.prompts import chat_messages, generate_prompt, refine_prompt, result_summary
-    from mars2.search.run import public_grader
-    from mars2.train.checkpoints import complete_model_folder
-    from mars2.train.warm_start import (faulty_attempts, own_failures, refine_examples, supervised_warm_start,
-                                        warm_start_examples, warm_start_mix, wrong_reading_attempts)
 
     if "reference_solutions.json" not in dataset.files:
         raise ValueError("bootstrap needs reference solutions in the dataset (data=toy, toy_warm, known_answer or "
                          "humaneval); set agents.members.N.bootstrap.steps=0 for other data")
-    b = member.bootstrap
-    if b.wrong_readings and "wrong_readings.json" not in dataset.files:
+    if member.bootstrap.wrong_readings and "wrong_readings.json" not in dataset.files:
         raise ValueError(f"agents member {member.name}: bootstrap.wrong_readings=true needs a dataset with wrong "
                          "readings (data=known_answer)")
-    references = json.loads(dataset.path("reference_solutions.json").read_text())
-    train = problems_from_frame(pd.read_parquet(dataset.path("train.parquet")))
-    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
-    mix = set(warm_start_mix([p.id for p in train], b.data_fraction, b.seed))
-    problems = [p for p in train if p.id in mix]
-    role_of = {p.id: roles[i % len(roles)] for i, p in enumerate(problems)}
-    grade = public_grader(grading)
-
-    def chat(p, user_prompt: str) -> str:
-        return tok.apply_chat_template(chat_messages(user_prompt, role_of[p.id]), tokenize=False,
-                                       add_generation_prompt=True)
-
-    def refining(p, code, v, i) -> str:  # every other refine example shows T+ detail
-        return chat(p, refine_prompt(p, code, result_summary(v.status, v.passed, v.total, v.detail,
-                                                             detailed=i % 2 == 1)))
-
-    def fine_tune(examples, steps: int, seed: int, what: str) -> dict[str, float]:
-        with Progress(transient=True) as bar:
-            job = bar.add_task(f"{what} {member.name}", total=steps)
-            return supervised_warm_start(model, examples, pad_id=tok.pad_token_id, steps=steps, lr=b.lr,
-                                         batch_size=b.batch_size, seed=seed,
-                                         progress=lambda step, loss: bar.update(job, completed=step))
-
-    examples = warm_start_examples(problems, references, tok, lambda p: chat(p, generate_prompt(p)))
-    extra: dict[str, float] = {}
-    if b.refine_per_problem:
-        cases, harmless = faulty_attempts(problems, references, b.refine_per_problem, b.seed, grade)
-        examples += refine_examples(cases, references, tok, refining)
-        atomic_write_json(out / "faulty.json", [{"problem_id": p.id, "code": code, "status": v.status}
-                                                for p, code, v in cases])
-        extra = {"refine_examples": len(cases), "harmless_variants": harmless}
-    if b.wrong_readings:
-        wrong = json.loads(dataset.path("wrong_readings.json").read_text())
-        cases = wrong_reading_attempts(problems, wrong, grade)
-        examples += refine_examples(cases, references, tok, refining)
-        atomic_write_json(out / "wrong_readings.json", [{"problem_id": p.id, "code": code, "status": v.status}
-                                                         for p, code, v in cases])
-        extra["wrong_reading_examples"] = len(cases)
-    model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
-    stats = fine_tune(examples, b.steps, b.seed, "bootstrap")
-    if b.own_failures:
-        longest = max(len(e.response_ids) for e in examples)  # a failure longer than every reference is cut there
-        failures = own_failures(problems, TransformersBackend(model, tok), lambda p: chat(p, generate_prompt(p)),
-                                n=b.own_failures, temperature=b.own_failures_temperature, max_new_tokens=longest,
-                                seed=b.seed, grade=grade)
-        second = fine_tune(examples + refine_examples(failures, references, tok, refining), b.own_failures_steps,
-                       b.seed + 1, "own failures")
-        atomic_write_json(out / "own_failures.json", [{"problem_id": p.id, "code": code, "status": v.status}
-                                                      for p, code, v in failures])
-        extra |= {"own_failures": len(failures), "own_failures_loss_last": second["loss_last"],
-                  "own_failure_share": len(failures) / (b.own_failures * len(problems)),
-                  "own_failures_seconds": second["seconds"]}
-    model.save_pretrained(out / "model", safe_serialization=True)
-    complete_model_folder(out / "model", tokenizer, source_model_dir=init_model)
-    atomic_write_json(out / "mix.json", sorted(mix))
-    return {"metrics": stats | extra}
+    wrong = (json.loads(dataset.path("wrong_readings.json").read_text()) if member.bootstrap.wrong_readings
+             else None)
+    return (problems_from_frame(pd.read_parquet(dataset.path("train.parquet"))),
+            json.loads(dataset.path("reference_solutions.json").read_text()), wrong)

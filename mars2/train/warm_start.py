@@ -28,10 +28,12 @@ import time
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from mars2.config import BootstrapConfig
 from mars2.data.schema import Problem
 
 
@@ -242,3 +244,123 @@ def supervised_warm_start(model, examples: Sequence[WarmStartExample], *, pad_id
     seconds = time.perf_counter() - t0
     return {"loss_first": first, "loss_last": last, "steps": steps, "n_examples": len(examples),
             "response_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+# The recipe: one weight owner's warm-start, step by step (the bootstrap stage calls warm_start_owner).
+
+ChatFn = Callable[[Problem, str], str]  # (problem, user prompt) -> the chat-formatted text its agent sees
+
+
+def warm_start_problems(train: Sequence[Problem], fraction: float, seed: int) -> list[Problem]:
+    """The owner's data mix (:func:`warm_start_mix`), in the training split's order."""
+    mix = set(warm_start_mix([p.id for p in train], fraction, seed))
+    return [p for p in train if p.id in mix]
+
+
+def refine_prompt_of(chat: ChatFn) -> Callable[[Problem, str | None, Any, int], str]:
+    """The i-th refine example's prompt: the tree's refine prompt with the case's verdict, every other one (odd i)
+    with T+ detail."""
+    from mars2.search.prompts import refine_prompt, result_summary
+
+    def refining(p: Problem, code: str | None, v: Any, i: int) -> str:
+        return chat(p, refine_prompt(p, code, result_summary(v.status, v.passed, v.total, v.detail,
+                                                             detailed=i % 2 == 1)))
+
+    return refining
+
+
+def refine_cases(problems: Sequence[Problem], references: Mapping[str, str], bootstrap: BootstrapConfig,
+                 wrong: Mapping | None,
+                 grade: Callable) -> tuple[dict[str, list], dict[str, float]]:
+    """The first phase's refine cases, each (problem, program, verdict): ``faulty`` (``bootstrap.refine_per_problem``
+    variants of each reference that fail a public test) and ``wrong_readings`` (with ``bootstrap.wrong_readings``:
+    the dataset's programs that read the statement wrongly), and their counts as metrics."""
+    cases: dict[str, list] = {}
+    metrics: dict[str, float] = {}
+    if bootstrap.refine_per_problem:
+        cases["faulty"], harmless = faulty_attempts(problems, references, bootstrap.refine_per_problem, bootstrap.seed,
+                                                    grade)
+        metrics = {"refine_examples": len(cases["faulty"]), "harmless_variants": harmless}
+    if bootstrap.wrong_readings:
+        cases["wrong_readings"] = wrong_reading_attempts(problems, wrong or {}, grade)
+        metrics["wrong_reading_examples"] = len(cases["wrong_readings"])
+    return cases, metrics
+
+
+def fine_tune(model, examples: Sequence[WarmStartExample], *, pad_id: int, bootstrap: BootstrapConfig, steps: int,
+              seed: int,
+              what: str) -> dict[str, float]:
+    """:func:`supervised_warm_start` at the owner's lr and batch size, with a progress bar named ``what``."""
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        job = bar.add_task(what, total=steps)
+        return supervised_warm_start(model, examples, pad_id=pad_id, steps=steps, lr=bootstrap.lr,
+                                     batch_size=bootstrap.batch_size, seed=seed,
+                                     progress=lambda step, loss: bar.update(job, completed=step))
+
+
+def own_failures_phase(model, tok, problems: Sequence[Problem], examples: list[WarmStartExample],
+                       references: Mapping[str, str], chat: ChatFn, bootstrap: BootstrapConfig, grade: Callable,
+                       name: str) -> tuple[list, dict[str, float]]:
+    """The second phase: ``bootstrap.own_failures`` samples per problem from the warm model, its failures added as
+    refine examples to the first phase's, ``bootstrap.own_failures_steps`` more steps; returns the failures and
+    their metrics. A failure longer than every reference is cut at the longest one."""
+    from mars2.backends.transformers_backend import TransformersBackend
+    from mars2.search.prompts import generate_prompt
+
+    longest = max(len(e.response_ids) for e in examples)
+    failures = own_failures(problems, TransformersBackend(model, tok), lambda p: chat(p, generate_prompt(p)),
+                            n=bootstrap.own_failures, temperature=bootstrap.own_failures_temperature,
+                            max_new_tokens=longest, seed=bootstrap.seed, grade=grade)
+    second = fine_tune(model, examples + refine_examples(failures, references, tok, refine_prompt_of(chat)),
+                       pad_id=tok.pad_token_id, bootstrap=bootstrap, steps=bootstrap.own_failures_steps,
+                       seed=bootstrap.seed + 1, what=f"own failures {name}")
+    return failures, {"own_failures": len(failures), "own_failures_loss_last": second["loss_last"],
+                      "own_failure_share": len(failures) / (bootstrap.own_failures * len(problems)),
+                      "own_failures_seconds": second["seconds"]}
+
+
+def case_rows(cases: Sequence[tuple[Problem, str | None, Any]]) -> list[dict[str, Any]]:
+    """Refine cases as JSON rows: problem id, program, public status."""
+    return [{"problem_id": p.id, "code": code, "status": v.status} for p, code, v in cases]
+
+
+def warm_start_owner(out: Path, name: str, bootstrap: BootstrapConfig, roles: Sequence[str], init_model: str, tokenizer: str,
+                     train: Sequence[Problem], references: Mapping[str, str], wrong: Mapping | None,
+                     grade: Callable) -> dict:
+    """Fine-tune the initial weights of owner ``name`` on its data mix: generate examples, and refine examples of
+    faulty variants and of the wrong readings ``wrong`` (graded with ``grade``, the search's public-test grader in
+    the sandbox); then, with ``bootstrap.own_failures``, a second phase with its own failed samples. Writes
+    ``model/`` (complete: with the tokenizer files), ``mix.json`` and the refine cases (``faulty.json``,
+    ``wrong_readings.json``, ``own_failures.json``) into ``out``; returns ``{"metrics": ...}``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mars2.io import atomic_write_json
+    from mars2.search.prompts import chat_messages, generate_prompt
+    from mars2.train.checkpoints import complete_model_folder
+
+    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    problems = warm_start_problems(train, bootstrap.data_fraction, bootstrap.seed)
+    role_of = {p.id: roles[i % len(roles)] for i, p in enumerate(problems)}
+
+    def chat(p: Problem, user_prompt: str) -> str:
+        return tok.apply_chat_template(chat_messages(user_prompt, role_of[p.id]), tokenize=False,
+                                       add_generation_prompt=True)
+
+    examples = warm_start_examples(problems, references, tok, lambda p: chat(p, generate_prompt(p)))
+    cases, extra = refine_cases(problems, references, bootstrap, wrong, grade)
+    for kind, found in cases.items():
+        examples += refine_examples(found, references, tok, refine_prompt_of(chat))
+        atomic_write_json(out / f"{kind}.json", case_rows(found))
+    model = AutoModelForCausalLM.from_pretrained(init_model, local_files_only=True)
+    stats = fine_tune(model, examples, pad_id=tok.pad_token_id, bootstrap=bootstrap, steps=bootstrap.steps,
+                      seed=bootstrap.seed, what=f"bootstrap {name}")
+    if bootstrap.own_failures:
+        failures, second = own_failures_phase(model, tok, problems, examples, references, chat, bootstrap, grade, name)
+        atomic_write_json(out / "own_failures.json", case_rows(failures))
+        extra |= second
+    model.save_pretrained(out / "model", safe_serialization=True)
+    complete_model_folder(out / "model", tokenizer, source_model_dir=init_model)
+    atomic_write_json(out / "mix.json", sorted(p.id for p in problems))
+    return {"metrics": stats | extra}
