@@ -44,7 +44,7 @@ def main() -> None:
     from mars2.search.ab_mcts import ABMCTSA
     from mars2.config import SearchConfig
     from mars2.search.run import resumable_search
-    from mars2.search.tree_search import run_tree_search
+    from mars2.search.scheduler import run_tree_search
 
     threads = max(1, (os.cpu_count() or 1) // 2)
     torch.set_num_threads(threads)

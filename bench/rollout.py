@@ -81,7 +81,7 @@ def build_agents(device: str, problems, *, batch_size: int = 64, engine: str = "
     from mars2.backends.vllm_env import find_python
     from mars2.backends.transformers_backend import TransformersBackend
     from mars2.models.tiny import build_tiny_model, train_tokenizer
-    from mars2.search.tree_search import AgentRunner
+    from mars2.search.scheduler import AgentRunner
 
     texts = [p.statement for p in problems]
     folder = tempfile.mkdtemp(prefix="mars2-bench-")
@@ -157,7 +157,7 @@ def run(args, backend: str, *, heads: int) -> float:
     from mars2.data import problem_from_lcb_row, toy_benchmark
     from mars2.sandbox import GradeJob, grade_many
     from mars2.search.ab_mcts import ABMCTSA
-    from mars2.search.tree_search import AgentRunner, run_tree_search
+    from mars2.search.scheduler import AgentRunner, run_tree_search
 
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores // 2)  # two engines side by side

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mars2.config import CompareConfig, ConfigError, PathsConfig, RunConfig
-from mars2.eval.compare import ARM_NAMES, METRIC_NAMES, METRICS, arm_of, comparison_table, plot_comparison, \
+from mars2.eval.arms import ARM_NAMES, METRIC_NAMES, METRICS, arm_of, comparison_table, plot_comparison, \
     run_row, to_markdown
 from mars2.io import atomic_write_text
 from pipeline import tracking

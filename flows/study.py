@@ -33,7 +33,7 @@ from flows.evaluate import compose_eval, evaluate_agents
 from flows.gate import refine_gate_flow
 from flows.train_cycle import train_cycle
 from mars2.config import ConfigError, EvalConfig, RunConfig, StudyConfig
-from mars2.eval.compare import (METRICS, arm_intervals, claim_intervals, claims_markdown, comparison_table,
+from mars2.eval.arms import (METRICS, arm_intervals, claim_intervals, claims_markdown, comparison_table,
                                 is_claim_metric, per_problem_scores, plot_arm_intervals, plot_claims, plot_comparison,
                                 plot_learning_curves, run_row, to_markdown)
 from mars2.io import atomic_write_text

@@ -526,7 +526,7 @@ def final_model_dirs(cfg: RunConfig, run_id: str) -> dict[str, str]:
 
     from mlflow.exceptions import MlflowException
 
-    from pipeline.checkpoints import CheckpointError
+    from pipeline.checkpoint_checks import CheckpointError
 
     client = _client(tracking_uri(cfg))
     try:

@@ -27,7 +27,7 @@ READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
            "mars2.backends", "mars2.sandbox", "mars2.data.checks", "mars2.data.schema", "mars2.data.tables", "mars2.io",
-           "tasks.bootstrap", "pipeline.weights")
+           "tasks.bootstrap", "pipeline.runners")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:

@@ -26,13 +26,13 @@ from mars2.search.run import public_grader
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 from pipeline.engines import release
-from pipeline.weights import GENERATION_FIELDS, agent_runners
+from pipeline.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "evaluation"
 # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
-# (mars2.eval.stats, mars2.eval.compare) do not change what an evaluation produces, so editing them must not re-run it.
+# (mars2.eval.stats, mars2.eval.arms) do not change what an evaluation produces, so editing them must not re-run it.
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
-           "mars2.eval.diversity", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.weights",
+           "mars2.eval.diversity", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.runners",
            "mars2.journal")
 
 
@@ -56,7 +56,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
         from mars2.eval.run import evaluation_parts, evaluation_rollouts
-        from mars2.rl.reward import unique_hidden_test_verdicts
+        from mars2.rl.verdicts import unique_hidden_test_verdicts
 
         table = f"{evaluation.split}.parquet"
         pool = pd.read_parquet(dataset.path(table))

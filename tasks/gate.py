@@ -19,11 +19,11 @@ from mars2.search.run import public_grader, search_sampling
 from pipeline.engines import release
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
-from pipeline.weights import GENERATION_FIELDS, agent_runners
+from pipeline.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "gate"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
-           "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.gate", "pipeline.weights", "mars2.journal")
+           "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.gate", "pipeline.runners", "mars2.journal")
 # how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
 READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
          "members": GENERATION_FIELDS}
@@ -44,7 +44,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.gate import ATTEMPTS, gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes
-        from mars2.rl.reward import HIDDEN, unique_hidden_test_verdicts
+        from mars2.rl.verdicts import HIDDEN, unique_hidden_test_verdicts
 
         pool = pd.read_parquet(dataset.path(f"{gate.split}.parquet"))
         ids = cycle_subset(pool["id"].tolist(), 0, gate.max_problems)

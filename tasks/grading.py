@@ -14,7 +14,7 @@ from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "grading"
-MODULES = ("mars2.sandbox", "mars2.rl.reward", "mars2.data", "mars2.io", "tasks.grading", "mars2.journal")
+MODULES = ("mars2.sandbox", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.grading", "mars2.journal")
 VERDICTS = "verdicts"  # the journal's part: one shard per graded chunk
 
 
@@ -27,7 +27,7 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
     grading run again with the same key grades only the chunks it had not finished."""
 
     def produce(out: Path, journal: Journal) -> dict:
-        from mars2.rl.reward import hidden_test_verdicts, verdict_metrics
+        from mars2.rl.verdicts import hidden_test_verdicts, verdict_metrics
 
         columns = ["problem_id", "node_id", "agent", "action", "parent_agent", "code"]
         rows = pd.read_parquet(samples.path("trees.parquet"), columns=columns)

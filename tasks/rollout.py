@@ -13,12 +13,12 @@ from mars2.journal import Journal
 from pipeline.progress import stage_progress
 from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 from pipeline.engines import release
-from pipeline.weights import GENERATION_FIELDS, agent_runners
+from pipeline.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "rollout"
 TREES = "trees"  # the journal's part: one shard per finished tree
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
-           "pipeline.weights", "mars2.journal")
+           "pipeline.runners", "mars2.journal")
 
 
 READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate

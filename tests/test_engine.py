@@ -716,7 +716,7 @@ def test_a_stage_generates_with_the_engines_its_context_hands_it(tiny_model_dir,
     from mars2.config import AgentConfig
     from pipeline.engines import engine_pool
     from pipeline.stage import AgentWeights, StageContext, StageRecord
-    from pipeline.weights import agent_runners
+    from pipeline.runners import agent_runners
 
     weights = AgentWeights(model_dir=str(tiny_model_dir), tokenizer_dir=str(tiny_model_dir))
     agents = StageRecord(stage="agents", key="k", dir=str(tmp_path), files={}, weights={"qwen_tiny": weights})

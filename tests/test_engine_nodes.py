@@ -146,7 +146,7 @@ def test_a_service_that_ends_between_its_provide_and_the_attach_is_provided_agai
 def test_a_remote_owners_gpus_are_mapped_by_its_own_node(monkeypatch):
     """The plan's GPU indices travel as they are to the owner's node, which maps them through its own
     CUDA_VISIBLE_DEVICES (the stage's node may see other GPUs)."""
-    from pipeline.weights import engine_placement
+    from pipeline.runners import engine_placement
     from mars2.config import AgentConfig
 
     member = AgentConfig(name="a", device="cuda", backend="vllm", gpu_ids=[4, 5, 6, 7])

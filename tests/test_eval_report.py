@@ -1,4 +1,4 @@
-"""Evaluation tables, metric names and comparison (mars2.eval.report, mars2.eval.compare) on hand-built tables."""
+"""Evaluation tables, metric names and comparison (mars2.eval.report, mars2.eval.arms) on hand-built tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from mars2.eval.compare import arm_of, comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
+from mars2.eval.arms import arm_of, comparison_table, plot_comparison, plot_learning_curves, run_row, to_markdown
 from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
 
 SOLVE = "print(sum(map(int, input().split())))"

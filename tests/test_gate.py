@@ -9,9 +9,9 @@ from mars2.config import GradingConfig
 from mars2.data import problem_from_lcb_row, toy_benchmark, toy_reference_solutions
 from mars2.eval.gate import (ATTEMPT_COLUMNS, gate_attempts, gate_markdown, gate_metrics, gate_passes, gate_table,
                              refine_outcomes)
-from mars2.rl.reward import unique_hidden_test_verdicts
+from mars2.rl.verdicts import unique_hidden_test_verdicts
 from mars2.search.run import public_grader
-from mars2.search.tree_search import AgentRunner
+from mars2.search.scheduler import AgentRunner
 
 GRADING = GradingConfig(time_limit_s=2.0, workers=2, isolation="process")
 
@@ -127,7 +127,7 @@ def test_the_gate_passes_only_when_the_pooled_interval_is_above_zero():
 
 
 def test_rollout_verdicts_report_the_pass_rate_of_refinements_and_of_cross_agent_ones():
-    from mars2.rl.reward import verdict_metrics
+    from mars2.rl.verdicts import verdict_metrics
 
     verdicts = pd.DataFrame({"agent": ["a", "a", "b", "b", "a"], "action": ["generate", "refine", "refine", "refine",
                                                                            "generate"],

@@ -18,7 +18,7 @@ import pytest
 from mars2.backends import Generation, SamplingParams
 from mars2.data.schema import Problem, TestCase
 from mars2.eval.gate import gate_attempts, gate_table
-from mars2.search.tree_search import AgentRunner
+from mars2.search.scheduler import AgentRunner
 
 PASS, FAIL = "print(1)", "print(0)"
 

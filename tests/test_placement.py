@@ -23,7 +23,7 @@ from pipeline.config import compose_run, load_cfg, resolve
 from pipeline.dispatch import all_results, owner_pools
 from pipeline.engines import EnginePool
 from tasks.update import node_ranks, update_devices
-from pipeline.weights import engine_placement, in_process_device
+from pipeline.runners import engine_placement, in_process_device
 
 GPU_PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
 ONE_NODE = ("plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4")
@@ -314,7 +314,7 @@ def test_in_pools_mode_each_gpu_worker_checks_its_gpus_hold_the_plan(tmp_path, m
     check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=80)
     import torch
 
-    from pipeline.weights import agent_runners
+    from pipeline.runners import agent_runners
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     spec = EngineSpec(agent="a", model_dir=str(tmp_path), tokenizer_dir=str(tmp_path), version="v0", device="cuda")

@@ -43,12 +43,12 @@ def test_importing_every_mars2_module_loads_no_orchestration_package():
 
 
 def test_sandbox_side_code_imports_the_standard_library_only():
-    """The sandbox mounts only mars2/sandbox and starts ``_runner.py`` with ``python -I -S``: the entry script and the
+    """The sandbox mounts only mars2/sandbox and starts ``_entry.py`` with ``python -I -S``: the entry script and the
     ``runner`` package may import the standard library, each other, and LiveCodeBench's harness next to them."""
     sandbox = LIB / "sandbox"
     allowed = set(sys.stdlib_module_names) | {"runner", "lcb_reference", "numpy"}  # numpy: optional, as in LCB
     offenders = []
-    for path in [sandbox / "_runner.py", *sorted((sandbox / "runner").glob("*.py"))]:
+    for path in [sandbox / "_entry.py", *sorted((sandbox / "runner").glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []
             if isinstance(node, ast.Import):
@@ -64,7 +64,7 @@ def test_importing_tasks_or_pipeline_changes_nothing_in_the_process():
     variable and no warning filter."""
     code = ("import os, warnings, numpy, pandas; env = dict(os.environ); filters = list(warnings.filters); "
             "import tasks, tasks.rollout, pipeline, pipeline.stage, "
-            "pipeline.weights; print(dict(os.environ) == env and list(warnings.filters) == filters)")
+            "pipeline.runners; print(dict(os.environ) == env and list(warnings.filters) == filters)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])

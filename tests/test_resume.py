@@ -161,7 +161,7 @@ from mars2.config import GradingConfig
 from mars2.data.lcb import load_problems
 from mars2.data.toy import toy_benchmark, toy_reference_solutions
 from mars2.journal import Journal, in_chunks
-from mars2.rl.reward import hidden_test_verdicts
+from mars2.rl.verdicts import hidden_test_verdicts
 
 folder, out = sys.argv[1], sys.argv[2]
 problems, _ = load_problems(toy_benchmark(8, seed=0), source="toy")

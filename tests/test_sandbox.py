@@ -28,7 +28,7 @@ from mars2.sandbox import (
     isolation_params,
     probe_isolation,
 )
-from mars2.sandbox.compare import Opaque, decode_value, stdout_matches
+from mars2.sandbox.matching import Opaque, decode_value, stdout_matches
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -311,7 +311,7 @@ def test_runtime_error_reports_the_traceback_tail():
     v = grade_program(code, [Case("1", "1"), Case("0", "0")])
     assert (v.status, v.passed) == ("RE", 1)
     assert "ZeroDivisionError" in v.detail and 'File "solution.py", line 2' in v.detail
-    assert "mars2" not in v.detail and "_runner" not in v.detail
+    assert "mars2" not in v.detail and "_entry" not in v.detail
 
 
 def test_exception_in_a_thread_does_not_fail_a_correct_output():
@@ -713,7 +713,7 @@ def test_many_large_fractions_in_one_value_cannot_make_the_grader_spend_minutes(
     import time as _time
     from fractions import Fraction
 
-    from mars2.sandbox.compare import MAX_FRACTION_HEX_DIGITS, Opaque, decode_value
+    from mars2.sandbox.matching import MAX_FRACTION_HEX_DIGITS, Opaque, decode_value
 
     big = ["%x" % (int.from_bytes(bytes([7] * 4999), "big") | 1), "%x" % (int.from_bytes(bytes([5] * 4999), "big") | 1)]
     assert len(big[0]) + len(big[1]) < MAX_FRACTION_HEX_DIGITS

@@ -1092,7 +1092,7 @@ def test_folder_cleanup_never_follows_a_link(tmp_path):
 def test_return_values_that_would_cost_the_grader_minutes_are_refused_fast():
     import time as clock
 
-    from mars2.sandbox.compare import Opaque, decode_value
+    from mars2.sandbox.matching import Opaque, decode_value
 
     step = (1 << 61) - 1  # ints that all hash alike: a dict of them builds in quadratic time
     colliding = json.dumps({"$dict": [[{"$int": hex(step * i)} if step * i >= 1 << 53 else step * i, 1]

@@ -13,7 +13,7 @@ from mars2.sandbox import GradeJob, grade_many
 from mars2.search.run import TREE_POLICIES, run_search, search_policy
 from mars2.search.sequential import SequentialRefinement
 from mars2.search.tree import ROOT, Expansion
-from mars2.search.tree_search import AgentRunner
+from mars2.search.scheduler import AgentRunner
 from pipeline.config import load_cfg, resolve
 
 

@@ -97,7 +97,7 @@ def test_conversion_writes_a_loadable_hf_folder_and_then_hits_its_cache(converte
 def test_chat_prompt_has_the_role_as_system_message_and_generation_works(converted):
     from mars2.backends import SamplingParams
     from mars2.backends.transformers_backend import load_transformers_backend
-    from mars2.search.tree_search import AgentRunner
+    from mars2.search.scheduler import AgentRunner
 
     _, folder = converted
     backend, tok = load_transformers_backend(str(folder), str(folder), batch_size=2)

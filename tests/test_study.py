@@ -80,7 +80,7 @@ def test_per_problem_scores_and_claims_from_evaluation_results(tmp_path):
     import pandas as pd
 
     from mars2.config import StudyClaim
-    from mars2.eval.compare import claim_intervals, claims_markdown, per_problem_scores
+    from mars2.eval.arms import claim_intervals, claims_markdown, per_problem_scores
 
     results = pd.DataFrame([
         {"problem_id": "p1", "who": "qwen", "kind": "samples", "tplus": False, "pass_at_1": 0.5},
@@ -126,7 +126,7 @@ def test_per_problem_scores_and_claims_from_evaluation_results(tmp_path):
     named = claim_intervals(each, [StudyClaim("lift of qwen", "pass_at_1/qwen", "a", "b")], n_boot=200)
     assert named.loc[0, "delta"] == claims.loc[0, "delta"] and "Pass@1 of qwen: a − b" in claims_markdown(named)
 
-    from mars2.eval.compare import arm_intervals, plot_arm_intervals, plot_claims
+    from mars2.eval.arms import arm_intervals, plot_arm_intervals, plot_claims
 
     arms = arm_intervals(pd.DataFrame(rows), ["pass_at_1", "pass_at_1_mcts", "pass_at_n"], n_boot=300)
     assert [tuple(r) for r in arms[["arm", "metric"]].itertuples(index=False)] == [
@@ -202,4 +202,4 @@ def test_the_evaluation_stage_hashes_every_mars2_eval_module_it_imports_and_not_
                              "print(' '.join(m for m in sys.modules if m.startswith('mars2.eval.')))"],
                             capture_output=True, text=True, check=True).stdout.split()
     assert loaded and set(loaded) <= set(MODULES), sorted(set(loaded) - set(MODULES))
-    assert "mars2.eval" not in MODULES and not {"mars2.eval.stats", "mars2.eval.compare"} & set(MODULES)
+    assert "mars2.eval" not in MODULES and not {"mars2.eval.stats", "mars2.eval.arms"} & set(MODULES)

@@ -126,7 +126,7 @@ def test_the_engines_logprobs_are_the_trainers(engine, weights, temperature):
 
 
 def test_a_qwen3_style_template_with_enable_thinking_reaches_the_engine(engine, tiny_tokenizer):
-    from mars2.search.tree_search import AgentRunner
+    from mars2.search.scheduler import AgentRunner
 
     tok = tiny_tokenizer.__class__.from_pretrained(engine.spec.tokenizer_dir)
     tok.chat_template = QWEN3_TEMPLATE

@@ -41,7 +41,7 @@ from mars2.eval.stats import bootstrap_mean, paired_bootstrap
 from mars2.journal import Journal, kept_or_made
 from mars2.search.prompts import extract_code, refine_prompt, result_summary
 from mars2.search.sampling import run_independent_sampling
-from mars2.search.tree_search import AgentRunner, GradeFn, public_score
+from mars2.search.scheduler import AgentRunner, GradeFn, public_score
 
 ATTEMPTS = "attempts"  # the journal's part of the gate's generation phases
 ATTEMPT_COLUMNS = ("problem_id", "node_id", "kind", "agent", "author", "parent", "code", "public_status",

@@ -13,7 +13,7 @@ from mars2.data.schema import Problem
 from mars2.journal import Journal
 from mars2.search.run import resumable_search, run_search
 from mars2.search.sampling import run_independent_sampling
-from mars2.search.tree_search import AgentRunner, GradeFn
+from mars2.search.scheduler import AgentRunner, GradeFn
 
 TEAM = "team"
 

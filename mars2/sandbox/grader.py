@@ -2,7 +2,7 @@
 
 Programs run in sandboxed worker slots (:mod:`mars2.sandbox.pool`); the sandbox gets only the
 program and the test inputs, and hands back raw stdout (stdin tests) or the typed return value
-(functional tests). The comparison with the expected output (:mod:`mars2.sandbox.compare`) happens in a judge
+(functional tests). The comparison with the expected output (:mod:`mars2.sandbox.matching`) happens in a judge
 process of the grader's (:mod:`mars2.sandbox.judging`: not in this process, whose threads feed programs their tests),
 ignoring exit codes and requiring one result per test run. Tests run
 in order; by default grading stops at the first test the program *visibly* failed (a crash, a timeout, a memory,

@@ -47,7 +47,7 @@ from mars2.config import ISOLATIONS as LEVELS
 log = logging.getLogger(__name__)
 
 SANDBOX_DIR = str(Path(__file__).resolve().parent)
-RUNNER_PATH = os.path.join(SANDBOX_DIR, "_runner.py")
+RUNNER_PATH = os.path.join(SANDBOX_DIR, "_entry.py")
 MOUNTED_SANDBOX_DIR = "/sandbox"
 SCRATCH_IN_BWRAP = "/tmp/sb"
 UID_BASE = int(os.environ.get("MARS2_SANDBOX_UID_BASE", "61000"))

@@ -7,7 +7,7 @@ needed, so a program could read from its own timing whether its answer was right
 12 copies of a learner passed a hidden test they never solved). In a judge process, niced to the lowest priority,
 the judging competes with nothing the program can observe but idle CPU (docs/sandbox.md, "Verdicts cannot leak").
 
-Standard library only: the judge process (``_judge.py``) imports this module, :mod:`.compare` and :mod:`.verdict`
+Standard library only: the judge process (``_judge.py``) imports this module, :mod:`.matching` and :mod:`.verdict`
 from this folder without the ``mars2`` package; the grader imports it as ``mars2.sandbox.judging``.
 """
 
@@ -17,11 +17,11 @@ import json
 from typing import Any
 
 if __package__:
-    from .compare import (MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches,
+    from .matching import (MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches,
                           value_too_large)
     from .verdict import AC, CE, MLE, RE, TLE, WA
 else:  # the judge process: this folder is on sys.path
-    from compare import (MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches,
+    from matching import (MalformedValue, decode_value, show_value, stdout_matches, truncate, value_matches,
                          value_too_large)
     from verdict import AC, CE, MLE, RE, TLE, WA
 

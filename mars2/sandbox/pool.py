@@ -2,7 +2,7 @@
 
 A :class:`SandboxPool` holds ``workers`` :class:`Slot` objects (one per core by default). A slot owns
 a dedicated uid (when the grader runs as root), optionally a cgroup, and one zygote process
-(``_runner.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`),
+(``_entry.py``, :mod:`mars2.sandbox.runner`) inside its sandbox (see :mod:`mars2.sandbox.isolation`),
 spoken to in :mod:`mars2.sandbox.runner.wire` frames. :meth:`Slot.run` sends one program, then its tests
 one at a time, handing each raw result (stdout bytes or typed return value) to a callback; the comparison with the
 expected output is made apart, in a :class:`Judge` process (:mod:`mars2.sandbox.grader` decides when).
@@ -251,7 +251,7 @@ class Slot:
         info_r = info_w = None
         if self.pool.level == "bwrap":
             info_r, info_w = os.pipe()
-            runner = os.path.join(isolation.MOUNTED_SANDBOX_DIR, "_runner.py")
+            runner = os.path.join(isolation.MOUNTED_SANDBOX_DIR, "_entry.py")
             spec = isolation.SandboxSpec("bwrap", self.pool.probe["root"], tmpfs_bytes=self.pool.tmpfs_bytes)
             argv = isolation.bwrap_argv(spec, isolation.runner_command(runner, cfg), info_fd=info_w)
             env = {"PATH": os.environ.get("PATH", os.defpath)}

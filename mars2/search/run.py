@@ -21,7 +21,7 @@ from mars2.journal import Journal
 from mars2.search.ab_mcts import ABMCTSA, DepthDecay
 from mars2.search.sequential import SequentialRefinement
 from mars2.search.tree import TreePolicy
-from mars2.search.tree_search import AgentRunner, GradeFn
+from mars2.search.scheduler import AgentRunner, GradeFn
 
 
 def public_grader(grading: GradingConfig) -> GradeFn:
@@ -66,13 +66,13 @@ def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], 
                sampling: SamplingParams, grade: GradeFn,
                progress: Callable[[int, int], None] | None = None,
                on_tree: Callable[[str, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per node (:data:`mars2.search.tree_search.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem
+    """One row per node (:data:`mars2.search.scheduler.NODE_COLUMNS`): a ``search.max_nodes``-node tree per problem
     built by ``search.strategy``, or ``search.n_samples`` i.i.d. samples per agent per problem
     (``strategy: independent``). ``progress`` is told
     ``(nodes built, nodes in all)`` as nodes are built; ``on_tree(problem id, rows)`` as a problem's nodes are
     finished."""
     from mars2.search.sampling import run_independent_sampling
-    from mars2.search.tree_search import SIGNALS, run_tree_search
+    from mars2.search.scheduler import SIGNALS, run_tree_search
 
     signal = SIGNALS[search.score]
     if search.strategy == "independent":
@@ -93,7 +93,7 @@ def resumable_search(problems: Sequence[Problem], runners: Mapping[str, AgentRun
     as Arrow tables and converted once, so a resumed run's table is the one an uninterrupted run makes."""
     import pyarrow as pa
 
-    from mars2.search.tree_search import NODE_COLUMNS
+    from mars2.search.scheduler import NODE_COLUMNS
 
     kept = journal.finished_tables(part)
     todo = [p for p in problems if p.id not in kept]

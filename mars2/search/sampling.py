@@ -1,5 +1,5 @@
 """Independent sampling (the vanilla GRPO baseline): each agent writes ``n`` programs per problem from the
-generate prompt. Rows share the tree schema (:data:`mars2.search.tree_search.NODE_COLUMNS`): every sample is a
+generate prompt. Rows share the tree schema (:data:`mars2.search.scheduler.NODE_COLUMNS`): every sample is a
 child of the root, so the same grading, advantage and update stages serve both strategies.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 from mars2.backends.base import Generation, SamplingParams, request_seed
 from mars2.data.schema import Problem
 from mars2.search.prompts import extract_code, generate_prompt
+from mars2.search.scheduler import PUBLIC, AgentRunner, GradeFn, SearchSignal, node_row
 from mars2.search.tree import ROOT
-from mars2.search.tree_search import PUBLIC, AgentRunner, GradeFn, SearchSignal, node_row
 
 
 def run_independent_sampling(problems: Sequence[Problem], agents: Mapping[str, AgentRunner], *, n_samples: int,

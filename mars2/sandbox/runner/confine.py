@@ -1,5 +1,5 @@
 """Confinement of a test process, applied in the child right after the zygote forks it, and the probe of
-what this kernel allows (``_runner.py --probe``, run by :func:`mars2.sandbox.isolation.probe_isolation`).
+what this kernel allows (``_entry.py --probe``, run by :func:`mars2.sandbox.isolation.probe_isolation`).
 
 A test process gets its own scratch directory, stdin/stdout/stderr files and no other descriptor; rlimits
 (CPU, address space, file size, open files, processes, no core); the slot's dedicated unprivileged uid/gid
@@ -179,7 +179,7 @@ def set_limits(limits, base_vm):
 
 
 def probe():
-    """What this kernel lets a child process do (run by the grader as ``_runner.py --probe``)."""
+    """What this kernel lets a child process do (run by the grader as ``_entry.py --probe``)."""
     result = {"seccomp": False, "landlock_abi": landlock_abi(), "arch": os.uname().machine}
     program = seccomp_program(no_process_creation=True, no_kill_all=True)
     if program is not None:

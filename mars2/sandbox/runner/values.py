@@ -1,5 +1,5 @@
 """Functional return values as typed JSON: what Python's ``==`` against a JSON value depends on, and nothing a
-program could use to fake a pass. Encoded in the test process; :func:`mars2.sandbox.compare.decode_value` decodes
+program could use to fake a pass. Encoded in the test process; :func:`mars2.sandbox.matching.decode_value` decodes
 and compares in the grader."""
 
 import json

@@ -1,6 +1,6 @@
 """Sandbox-side zygote: runs untrusted programs on test inputs in confined children it forks.
 
-Started through the entry script ``mars2/sandbox/_runner.py`` (``python -I -S -B -X utf8 _runner.py
+Started through the entry script ``mars2/sandbox/_entry.py`` (``python -I -S -B -X utf8 _entry.py
 CONFIG_JSON``) by :class:`mars2.sandbox.pool.Slot`, inside the slot's sandbox (bubblewrap, or a plain
 process at the weaker isolation level). It uses only the standard library plus :mod:`lcb_reference`
 (LiveCodeBench's own harness code, for ``parity=lcb``), found in the directory above this package.

@@ -1,4 +1,4 @@
-"""Entry script of a worker slot's zygote: ``python -I -S -B -X utf8 _runner.py CONFIG_JSON``, or ``--probe``.
+"""Entry script of a worker slot's zygote: ``python -I -S -B -X utf8 _entry.py CONFIG_JSON``, or ``--probe``.
 
 Started by :class:`mars2.sandbox.pool.Slot` inside the slot's sandbox (bubblewrap, or a plain process at the
 weaker isolation level), and by :func:`mars2.sandbox.isolation.probe_isolation` with ``--probe``. The zygote

@@ -1,4 +1,4 @@
-"""mars2.rl.reward.hidden_test_verdicts on tables read back from Parquet (where a missing program is NaN, not None)."""
+"""mars2.rl.verdicts.hidden_test_verdicts on tables read back from Parquet (where a missing program is NaN, not None)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from mars2.config import GradingConfig
 from mars2.data.lcb import load_problems
 from mars2.data.toy import toy_benchmark, toy_reference_solutions
 from mars2.io import write_parquet
-from mars2.rl.reward import hidden_test_verdicts
+from mars2.rl.verdicts import hidden_test_verdicts
 
 
 def test_missing_code_read_back_as_nan_is_no_code(tmp_path):

@@ -14,7 +14,7 @@ from mars2.sandbox import GradeJob, grade_many
 from mars2.search.ab_mcts import ABMCTSA
 from mars2.search.prompts import refine_prompt, result_summary
 from mars2.search.sampling import run_independent_sampling
-from mars2.search.tree_search import NODE_COLUMNS, AgentRunner, run_tree_search
+from mars2.search.scheduler import NODE_COLUMNS, AgentRunner, run_tree_search
 from mars2.search.tree_stats import plot_trees, tree_stats
 
 
@@ -237,7 +237,7 @@ def test_the_search_score_option_grades_on_all_tests_and_scores_binary(setup):
     pass; the default grades the public tests and scores the fraction passed."""
     from types import SimpleNamespace
 
-    from mars2.search.tree_search import SIGNALS
+    from mars2.search.scheduler import SIGNALS
 
     problems, agents, _, _, _ = setup
     public = {t for p in problems for t in p.public_tests}
@@ -274,7 +274,7 @@ def test_a_hidden_test_search_score_cannot_feed_t_plus_detail_into_prompts():
 
 def test_every_search_score_the_config_allows_has_a_signal():
     from mars2.config import SEARCH_SCORES
-    from mars2.search.tree_search import SIGNALS
+    from mars2.search.scheduler import SIGNALS
 
     assert sorted(SIGNALS) == sorted(SEARCH_SCORES)
 

@@ -111,7 +111,7 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
     engines of the owners on this node generate side by side: each gets its share of the run's CPU budget (``ctx``'s;
     without one, this machine's usable cores) as threads (:func:`mars2.cpu.split_cpus`); an owner's engine on another
     node is sized there (:func:`pipeline.dispatch.serve_engine`)."""
-    from mars2.search.tree_search import AgentRunner
+    from mars2.search.scheduler import AgentRunner
 
     loaded: dict[str, tuple] = {}
     runners = {}
