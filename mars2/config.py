@@ -29,6 +29,11 @@ STRATEGIES = (*TREE_STRATEGIES, "independent")
 SEARCH_SCORES = ("public_fraction", "all_tests_binary")
 DISTS = ("gaussian", "beta")
 ISOLATIONS = ("auto", "bwrap", "process")
+# the sandbox's bounds on a grading config (mars2.sandbox.pool checks its Limits against them too)
+MIN_TIME_S = 0.05  # below this a CPU-time limit cannot be measured (the clock ticks every 10 ms)
+MAX_TIME_S = 3600.0
+MAX_MEMORY_MB = 1 << 20
+MAX_WORKERS = 256
 PARITIES = ("script", "lcb")
 EVAL_SPLITS = ("eval", "train")
 ORCHESTRATION_MODES = ("local", "pools")
@@ -811,8 +816,6 @@ def _validate_gate(gate: GateConfig) -> None:
 
 
 def _validate_grading(g: GradingConfig) -> None:
-    from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S  # lazy: import-light module
-
     if not (math.isfinite(g.time_limit_s) and MIN_TIME_S <= g.time_limit_s <= MAX_TIME_S
             and 1 <= g.memory_mb <= MAX_MEMORY_MB and 0 <= g.workers <= MAX_WORKERS
             and -1 <= g.judge_cores <= MAX_WORKERS):

@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mars2.config import ISOLATIONS, PARITIES
+from mars2.config import ISOLATIONS, MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S, PARITIES
 from mars2.data.lcb import LINE_KEY, MALFORMED_KEY, load_problems, read_jsonl_rows
 from mars2.data.schema import Problem
-from mars2.sandbox.pool import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S, Limits
+from mars2.sandbox.pool import Limits
 
 EXIT_OK, EXIT_BAD_ROWS, EXIT_BAD_INPUT = 0, 1, 2
 

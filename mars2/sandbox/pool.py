@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mars2.config import MAX_MEMORY_MB, MAX_TIME_S, MAX_WORKERS, MIN_TIME_S
 from mars2.cpu import usable_cpus
 from mars2.procs import exit_code, kill_group, wait_exit
 from mars2.sandbox import isolation
@@ -47,10 +48,6 @@ HELD_BYTES = 32 * MIB  # outputs run but not yet judged, kept in memory by a poo
 SPOOL_BYTES = 2 << 30  # ... and on disk, beyond which the slots wait for the judges
 
 
-MIN_TIME_S = 0.05  # below this a CPU-time limit cannot be measured (the clock ticks every 10 ms)
-MAX_TIME_S = 3600.0
-MAX_MEMORY_MB = 1 << 20
-MAX_WORKERS = 256
 JUDGE_CORE_FROM = 8  # a host with this many usable cores gives the judge processes a core of their own
 
 
