@@ -20,7 +20,7 @@ from pipeline.runtime import configure_process
 CONFIG_NAME = "evaluate"
 
 if __name__ == "__main__":  # a bad override fails before the imports below
-    from pipeline.checkpoint_checks import require_given_checkpoints
+    from stagekit.checkpoint_checks import require_given_checkpoints
     from pipeline.cli import check_first
 
     check_first(sys.argv[1:], require_given_checkpoints, config_name=CONFIG_NAME, updates=False, dispatch=False)

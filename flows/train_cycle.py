@@ -38,7 +38,7 @@ from pipeline.cli import run_flow_from_cli
 from pipeline.config import CONF_DIR, VARY_TAG, compose_run, override_label, run_name
 from pipeline.session import flow_session, team_weights
 from pipeline.dispatch import all_results, check_dispatch
-from pipeline.runners import model_dir
+from stagekit.runners import model_dir
 
 
 @flow(name="train-cycle")

@@ -1,6 +1,6 @@
-"""What runs the stages: their cache keys and records (stage), where they run (dispatch), the run's engines, the
-weights they hand on, MLflow tracking, progress and the summary, the process set-up, the CLI and the config
-composition. ``tasks/`` holds the stages themselves.
+"""What wires the stages into flows, above ``tasks/``: where each stage runs (dispatch), the flows' shared set-up
+(session), MLflow tracking, the run's summary (report), the process set-up (runtime), the CLI and the config
+composition. ``tasks/`` holds the stages; ``stagekit/`` (below them) what a stage is built with.
 
 Importing this package changes nothing in the process: entry points call
 :func:`pipeline.runtime.configure_process` themselves, before Prefect, MLflow or transformers are imported.

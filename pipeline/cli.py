@@ -233,6 +233,6 @@ _interrupted: list[tuple[int, list[str]]] = []  # (signal, the stages it stopped
 
 
 def _exit_on_sigterm(signum: int, _frame) -> None:
-    stages = sys.modules.get("pipeline.stage")  # loaded once a stage has run; not imported in a signal handler
+    stages = sys.modules.get("stagekit.stage")  # loaded once a stage has run; not imported in a signal handler
     _interrupted.append((signum, stages.unfinished_stages() if stages is not None else []))
     raise SystemExit(128 + signum)

@@ -41,13 +41,13 @@ from mars2.backends.engine import STARTS_FILE, EngineClient, EngineError, Engine
 from mars2.backends.base import visible_devices
 from mars2.config import OWNER_STAGES, AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
-from pipeline.stage import StageContext, StageRecord
+from stagekit.stage import StageContext, StageRecord
 from tasks.advantage import compute_advantages
 from tasks.agents import init_agents
 from tasks.bootstrap import bootstrap_agents
 from tasks.checkpoints import import_checkpoints
 from tasks.data import prepare_dataset
-from pipeline.engines import node_engines, node_services_dir
+from stagekit.engines import node_engines, node_services_dir
 from pipeline.runtime import use_cpu_budget
 from tasks.evaluation import evaluate
 from tasks.gate import refine_gate

@@ -13,7 +13,7 @@ from rich.table import Table
 from mars2.config import RunConfig
 from mars2.io import write_parquet
 from pipeline import tracking
-from pipeline.stage import StageContext, StageRecord, came_from_cache
+from stagekit.stage import StageContext, StageRecord, came_from_cache
 
 
 def summary_console() -> Console:

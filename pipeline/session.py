@@ -19,10 +19,10 @@ from tasks.bootstrap import needs_bootstrap
 from tasks.checkpoints import checkpoint_hashes
 from pipeline.config import to_container, to_yaml
 from tasks.data import source_hash
-from pipeline.engines import engine_pool
+from stagekit.engines import engine_pool
 from pipeline.report import RunReport
 from pipeline.runtime import use_cpu_budget
-from pipeline.stage import StageContext, StageRecord
+from stagekit.stage import StageContext, StageRecord
 from pipeline.dispatch import concurrent_update_ranks, owner_pools, placed_stages
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mars2.config import RunConfig
-from pipeline.stage import StageRecord
+from stagekit.stage import StageRecord
 
 ARTEFACTS_TO_LOG = ("trees.parquet", "verdicts.parquet", "results.parquet", "rejected.parquet", "summary.json",
                     "trees.png", "samples.parquet", "eval_trees.parquet", "by_difficulty.png", "attempts.parquet",
@@ -526,7 +526,7 @@ def final_model_dirs(cfg: RunConfig, run_id: str) -> dict[str, str]:
 
     from mlflow.exceptions import MlflowException
 
-    from pipeline.checkpoint_checks import CheckpointError
+    from stagekit.checkpoint_checks import CheckpointError
 
     client = _client(tracking_uri(cfg))
     try:

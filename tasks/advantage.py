@@ -9,7 +9,7 @@ import pandas as pd
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
-from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 
 STAGE = "advantage"
 MODULES = ("mars2.rl", "mars2.io", "tasks.advantage")

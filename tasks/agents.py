@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from mars2.config import AgentConfig
-from pipeline.stage import (AgentWeights, StageContext, StageRecord, current_parameters, declared,
+from stagekit.stage import (AgentWeights, StageContext, StageRecord, current_parameters, declared,
                          run_stage, stage_task)
 
 STAGE = "agents"

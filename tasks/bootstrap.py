@@ -15,7 +15,7 @@ import pandas as pd
 
 from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
-from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
 
 STAGE = "bootstrap"
 # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
@@ -27,7 +27,7 @@ READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
 # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
 MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
            "mars2.backends", "mars2.sandbox", "mars2.data.checks", "mars2.data.schema", "mars2.data.tables", "mars2.io",
-           "tasks.bootstrap", "pipeline.runners")
+           "tasks.bootstrap", "stagekit.runners")
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:

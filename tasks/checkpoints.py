@@ -12,16 +12,16 @@ import dataclasses
 from pathlib import Path
 
 from mars2.io import folder_fingerprints
-from pipeline.checkpoint_checks import require_checkpoints
-from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.checkpoint_checks import require_checkpoints
+from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "pipeline.checkpoint_checks", "pipeline.runners")
+MODULES = ("mars2.io", "tasks.checkpoints", "stagekit.checkpoint_checks", "stagekit.runners")
 
 
 def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[str, dict[str, str]]:
     """Fingerprint of every file of each checkpoint folder (folders we do not own: large files add their mtime),
-    after :func:`pipeline.checkpoint_checks.require_checkpoints`."""
+    after :func:`stagekit.checkpoint_checks.require_checkpoints`."""
     require_checkpoints(checkpoints, owners)
     return {owner: folder_fingerprints(Path(folder), with_mtime=True) for owner, folder in sorted(checkpoints.items())}
 

@@ -10,7 +10,7 @@ from mars2.config import DataConfig
 from mars2.data.sources import REJECT_COLUMNS, build_dataset, input_files, summary_metrics
 from mars2.data.tables import problems_to_frame
 from mars2.io import atomic_write_json, sha256_file, sha256_json, write_parquet
-from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "data"
 MODULES = ("mars2.data", "mars2.io", "tasks.data")

@@ -23,16 +23,16 @@ from mars2.io import atomic_write_json, write_parquet
 from mars2.eval.run import SEARCH_READS
 from mars2.journal import Journal
 from mars2.search.run import public_grader
-from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
-from pipeline.engines import release
-from pipeline.runners import GENERATION_FIELDS, agent_runners
+from stagekit.progress import stage_progress
+from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.engines import release
+from stagekit.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "evaluation"
 # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
 # (mars2.eval.stats, mars2.eval.arms) do not change what an evaluation produces, so editing them must not re-run it.
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
-           "mars2.eval.diversity", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.evaluation", "pipeline.runners",
+           "mars2.eval.diversity", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.evaluation", "stagekit.runners",
            "mars2.journal")
 
 

@@ -16,14 +16,14 @@ from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import atomic_write_json, atomic_write_text, write_parquet
 from mars2.journal import Journal
 from mars2.search.run import public_grader, search_sampling
-from pipeline.engines import release
-from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
-from pipeline.runners import GENERATION_FIELDS, agent_runners
+from stagekit.engines import release
+from stagekit.progress import stage_progress
+from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "gate"
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
-           "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.gate", "pipeline.runners", "mars2.journal")
+           "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.gate", "stagekit.runners", "mars2.journal")
 # how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
 READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
          "members": GENERATION_FIELDS}

@@ -10,8 +10,8 @@ from mars2.config import GradingConfig
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import CHUNK, Journal, in_chunks
-from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.progress import stage_progress
+from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
 
 STAGE = "grading"
 MODULES = ("mars2.sandbox", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.grading", "mars2.journal")

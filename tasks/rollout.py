@@ -10,15 +10,15 @@ from mars2.config import AgentConfig, BackendConfig, GradingConfig, SearchConfig
 from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import Journal
-from pipeline.progress import stage_progress
-from pipeline.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
-from pipeline.engines import release
-from pipeline.runners import GENERATION_FIELDS, agent_runners
+from stagekit.progress import stage_progress
+from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.engines import release
+from stagekit.runners import GENERATION_FIELDS, agent_runners
 
 STAGE = "rollout"
 TREES = "trees"  # the journal's part: one shard per finished tree
 MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
-           "pipeline.runners", "mars2.journal")
+           "stagekit.runners", "mars2.journal")
 
 
 READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate

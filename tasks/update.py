@@ -11,12 +11,12 @@ import pandas as pd
 
 from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
-from pipeline.progress import stage_progress
-from pipeline.stage import AgentWeights, StageContext, StageRecord, current_parameters, run_stage, stage_task
-from pipeline.runners import in_process_device
+from stagekit.progress import stage_progress
+from stagekit.stage import AgentWeights, StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.runners import in_process_device
 
 STAGE = "update"
-MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "pipeline.runners")
+MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "stagekit.runners")
 
 
 @stage_task(STAGE, task_run_name="update-{member.name}-c{cycle}")

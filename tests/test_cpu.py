@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mars2.cpu import cgroup_cpu_limit, cpu_budget, split_cpus, thread_environment, usable_cpus
-from pipeline.stage import StageContext
+from stagekit.stage import StageContext
 
 ROOT = Path(__file__).resolve().parents[1]
 

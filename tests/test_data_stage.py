@@ -15,7 +15,7 @@ from mars2.config import DataConfig
 from mars2.data import DatasetRejectsError, build_dataset
 from mars2.data.tables import problems_from_frame
 from tasks import data as data_stage
-from pipeline.stage import StageContext, stage_digest
+from stagekit.stage import StageContext, stage_digest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

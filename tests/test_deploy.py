@@ -34,7 +34,7 @@ import yaml
 from flowenv import RANDOM_TEAM, free_port
 
 from mars2.config import ConfigError, OrchestrationConfig
-from pipeline.stage import AgentWeights, StageContext, StageRecord, stage_digest
+from stagekit.stage import AgentWeights, StageContext, StageRecord, stage_digest
 from pipeline.config import compose_run, load_cfg, to_container
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -661,8 +661,8 @@ def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
 def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, tmp_path):
     """A node service's idle exit is ``backend.service_idle_exit_s`` (hours by default: longer than a 32B update, or
     every cycle would cold-start its engines), passed down by the stage's engine pool (it was a fixed 900 s)."""
-    from pipeline.engines import node_engines
-    from pipeline.stage import StageContext
+    from stagekit.engines import node_engines
+    from stagekit.stage import StageContext
 
     assert BackendConfig().service_idle_exit_s >= 3600
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-3")
@@ -676,8 +676,8 @@ def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, t
 def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_own_at_the_end(tmp_path):
     """Node services exit when their run's STOP file appears: a retry of the same flow run (same run folder) must not
     find the last attempt's, or every service it starts would exit within a second."""
-    from pipeline.engines import engine_pool, run_engines_dir
-    from pipeline.stage import StageContext
+    from stagekit.engines import engine_pool, run_engines_dir
+    from stagekit.stage import StageContext
 
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
     stop = run_engines_dir(ctx) / "STOP"
@@ -714,9 +714,9 @@ def test_a_stage_generates_with_the_engines_its_context_hands_it(tiny_model_dir,
     """The run's engine pool reaches a stage as ``StageContext.engines`` and nowhere else: with it, the agents'
     runners are the pool's engines (one per owner, counted by the pool); without it, fresh backends."""
     from mars2.config import AgentConfig
-    from pipeline.engines import engine_pool
-    from pipeline.stage import AgentWeights, StageContext, StageRecord
-    from pipeline.runners import agent_runners
+    from stagekit.engines import engine_pool
+    from stagekit.stage import AgentWeights, StageContext, StageRecord
+    from stagekit.runners import agent_runners
 
     weights = AgentWeights(model_dir=str(tiny_model_dir), tokenizer_dir=str(tiny_model_dir))
     agents = StageRecord(stage="agents", key="k", dir=str(tmp_path), files={}, weights={"qwen_tiny": weights})
@@ -736,7 +736,7 @@ def test_a_stage_generates_with_the_engines_its_context_hands_it(tiny_model_dir,
 def test_the_backend_groups_start_timeout_reaches_every_engine_the_pool_starts(tiny_model_dir):
     """``backend.start_timeout_s`` (a 32B vLLM start takes minutes) is what the run's pool gives its engines."""
     from pipeline.config import load_cfg, resolve
-    from pipeline.engines import engine_pool
+    from stagekit.engines import engine_pool
 
     assert resolve(load_cfg()).backend.start_timeout_s == 900.0
     cfg = resolve(load_cfg(["backend.start_timeout_s=42"]))
@@ -1027,7 +1027,7 @@ def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shu
 def test_engine_starts_counts_a_first_start_that_failed(tmp_path):
     """An engine that exits while starting cost its start (minutes for a 32B vLLM): the failed run's
     ``engine_starts`` counts it; an interpreter that does not exist started nothing."""
-    from pipeline.engines import engine_pool
+    from stagekit.engines import engine_pool
 
     with engine_pool(BackendConfig()) as pool:
         with pytest.raises(EngineError, match="exited with code"):
@@ -1046,8 +1046,8 @@ def test_a_stage_on_a_pool_worker_adds_its_fresh_backends_starts_to_the_runs_cou
     import socket
 
     from mars2.backends.transformers_backend import load_transformers_backend
-    from pipeline.engines import engine_pool, node_engines, run_engines_dir
-    from pipeline.stage import StageContext
+    from stagekit.engines import engine_pool, node_engines, run_engines_dir
+    from stagekit.stage import StageContext
 
     ctx = StageContext(root=str(tmp_path), flow_run_id="run-1")
     with node_engines(BackendConfig(persistent=False), ctx) as stage_pool:  # the stage flow run, on the worker

@@ -18,8 +18,8 @@ from mars2.backends.engine import NODE_ADDRESS, NODE_NAME, EngineClient, EngineE
 from mars2.backends.transformers_backend import load_transformers_backend
 from mars2.config import BackendConfig
 from pipeline.dispatch import encode_args
-from pipeline.engines import EnginePool
-from pipeline.stage import StageContext
+from stagekit.engines import EnginePool
+from stagekit.stage import StageContext
 from test_engine import _alive, _gone_within
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
@@ -146,7 +146,7 @@ def test_a_service_that_ends_between_its_provide_and_the_attach_is_provided_agai
 def test_a_remote_owners_gpus_are_mapped_by_its_own_node(monkeypatch):
     """The plan's GPU indices travel as they are to the owner's node, which maps them through its own
     CUDA_VISIBLE_DEVICES (the stage's node may see other GPUs)."""
-    from pipeline.runners import engine_placement
+    from stagekit.runners import engine_placement
     from mars2.config import AgentConfig
 
     member = AgentConfig(name="a", device="cuda", backend="vllm", gpu_ids=[4, 5, 6, 7])
@@ -422,7 +422,7 @@ def test_an_engine_that_fails_to_sleep_does_not_cost_the_stage_its_trees(caplog)
     engines; the stage's work stands."""
     from types import SimpleNamespace
 
-    from pipeline.engines import release
+    from stagekit.engines import release
 
     class Engine:
         def __init__(self, fails):

@@ -21,9 +21,9 @@ from mars2.plan.planner import _layout
 from mars2.train.launch import launch_environment
 from pipeline.config import compose_run, load_cfg, resolve
 from pipeline.dispatch import all_results, owner_pools
-from pipeline.engines import EnginePool
+from stagekit.engines import EnginePool
 from tasks.update import node_ranks, update_devices
-from pipeline.runners import engine_placement, in_process_device
+from stagekit.runners import engine_placement, in_process_device
 
 GPU_PRESETS = ("single_8b", "homogeneous_8b", "heterogeneous_8b", "heterogeneous_14b", "heterogeneous_32b")
 ONE_NODE = ("plan.node_per_agent=false", "agents.members.0.gpus=4", "agents.members.1.gpus=4")
@@ -243,7 +243,7 @@ def test_two_updates_on_one_node_share_its_cores_only_where_they_run_at_once(pap
     other and each rank gets a quarter. Two nodes (node pools): each update has its node to itself."""
     from mars2.cpu import split_cpus
     from pipeline.dispatch import concurrent_update_ranks
-    from pipeline.stage import StageContext
+    from stagekit.stage import StageContext
 
     cfg = _compose("heterogeneous_32b", paper_data)
     owners = cfg.agents.owners
@@ -304,7 +304,7 @@ def test_in_pools_mode_each_gpu_worker_checks_its_gpus_hold_the_plan(tmp_path, m
     from mars2.backends.engine import EngineSpec
     from mars2.config import AgentConfig, BackendConfig, ConfigError, GpuInventory, check_machine
     from pipeline.dispatch import serve_engine
-    from pipeline.stage import StageContext
+    from stagekit.stage import StageContext
 
     h100 = GpuInventory(8, 81559 / 1024, ("Default",) * 8)
     monkeypatch.setattr(config, "gpu_inventory", lambda: h100)
@@ -314,7 +314,7 @@ def test_in_pools_mode_each_gpu_worker_checks_its_gpus_hold_the_plan(tmp_path, m
     check_machine([member], cuda_available=True, stage="update/a", gpu_memory_gb=80)
     import torch
 
-    from pipeline.runners import agent_runners
+    from stagekit.runners import agent_runners
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     spec = EngineSpec(agent="a", model_dir=str(tmp_path), tokenizer_dir=str(tmp_path), version="v0", device="cuda")

@@ -83,7 +83,7 @@ def test_a_gpu_stage_on_a_worker_without_cuda_says_so(tmp_path, monkeypatch):
     import torch
 
     from mars2.config import AgentConfig, TrainConfig
-    from pipeline.stage import StageContext
+    from stagekit.stage import StageContext
     from tasks.update import update_policy
 
     if torch.cuda.is_available():

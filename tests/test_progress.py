@@ -1,10 +1,10 @@
-"""pipeline/progress.py: one transient display per stage, drawn only on a terminal."""
+"""stagekit/progress.py: one transient display per stage, drawn only on a terminal."""
 
 import io
 
 from rich.console import Console
 
-from pipeline.progress import stage_progress
+from stagekit.progress import stage_progress
 
 
 def test_a_stage_draws_one_display_with_count_rate_and_phase_on_a_terminal():
@@ -52,7 +52,7 @@ def test_off_a_terminal_a_long_stage_prints_a_plain_line_every_few_seconds():
 
 
 def test_a_plain_line_before_the_first_item_or_without_a_total_shows_no_unknowns():
-    from pipeline.progress import PlainLines
+    from stagekit.progress import PlainLines
 
     lines = PlainLines("update/a c0", "samples", Console(file=io.StringIO()))
     assert lines.line().startswith("update/a c0: no samples done yet, ")
@@ -142,7 +142,7 @@ def test_a_warning_during_a_live_display_prints_above_it_not_into_it():
 
     from rich.console import Console
 
-    from pipeline.progress import stage_progress
+    from stagekit.progress import stage_progress
 
     beside = io.StringIO()
     handler = logging.StreamHandler(beside)  # the console handler a process has (Prefect's, on stderr)

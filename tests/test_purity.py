@@ -63,8 +63,8 @@ def test_importing_tasks_or_pipeline_changes_nothing_in_the_process():
     """Entry points call pipeline.runtime.configure_process() themselves; importing the package sets no environment
     variable and no warning filter."""
     code = ("import os, warnings, numpy, pandas; env = dict(os.environ); filters = list(warnings.filters); "
-            "import tasks, tasks.rollout, pipeline, pipeline.stage, "
-            "pipeline.runners; print(dict(os.environ) == env and list(warnings.filters) == filters)")
+            "import tasks, tasks.rollout, pipeline, stagekit.stage, "
+            "stagekit.runners; print(dict(os.environ) == env and list(warnings.filters) == filters)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
@@ -72,7 +72,8 @@ def test_importing_tasks_or_pipeline_changes_nothing_in_the_process():
 
 
 def test_tasks_holds_the_stages_and_nothing_else():
-    """``tasks/`` is the stage table: one module per stage task the dispatcher knows, the rest lives in pipeline/."""
+    """``tasks/`` is the stage table: one module per stage task the dispatcher knows; what a stage is built with lives
+    in stagekit/ (below), what wires them into flows in pipeline/ (above)."""
     from pipeline.dispatch import ALL
 
     modules = {p.stem for p in (Path(__file__).resolve().parents[1] / "tasks").glob("*.py")} - {"__init__"}

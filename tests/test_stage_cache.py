@@ -8,7 +8,7 @@ import pytest
 
 from mars2.config import DataConfig
 from mars2.io import atomic_dir, atomic_write_text
-from pipeline.stage import (
+from stagekit.stage import (
     AgentWeights,
     MANIFEST,
     StageContext,
@@ -211,7 +211,7 @@ def test_an_altered_artefact_is_named_moved_aside_and_its_stage_runs_again(tmp_p
 
 def test_a_missing_artefact_counts_unless_the_pipeline_pruned_it(tmp_path):
     from mars2.train.checkpoints import PRUNED
-    from pipeline.stage import altered_artefacts
+    from stagekit.stage import altered_artefacts
 
     ctx = StageContext(root=str(tmp_path))
 

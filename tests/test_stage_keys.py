@@ -9,7 +9,7 @@ import pytest
 
 from tasks import advantage, agents, bootstrap, evaluation, grading, rollout, update
 from pipeline.config import load_cfg, resolve
-from pipeline.stage import StageContext, StageRecord, narrowed, stage_digest
+from stagekit.stage import StageContext, StageRecord, narrowed, stage_digest
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +141,9 @@ def test_a_narrowed_config_keeps_what_is_read_and_defaults_the_rest(cfg):
 
 # What a stage may import without hashing it: how it runs, not what it makes. Config values enter keys as values;
 # the rest is the stage layer itself, progress lines, engine lifetimes, the CPU split and which GPUs an update uses.
-RUN_ONLY = {"mars2.config": None, "mars2.cpu": None, "pipeline.stage": None, "pipeline.progress": None,
-            "pipeline.engines": None, "mars2.backends.base": {"visible_devices"}}
-PROJECT = ("mars2", "tasks", "pipeline")
+RUN_ONLY = {"mars2.config": None, "mars2.cpu": None, "stagekit.stage": None, "stagekit.progress": None,
+            "stagekit.engines": None, "mars2.backends.base": {"visible_devices"}}
+PROJECT = ("mars2", "stagekit", "tasks", "pipeline")
 
 
 def _project_imports(module) -> dict[str, set[str]]:
@@ -213,7 +213,7 @@ def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
     import pandas as pd
 
     from mars2.rl.tables import tree_advantages
-    from pipeline.stage import UndeclaredRead, declared
+    from stagekit.stage import UndeclaredRead, declared
 
     nodes = pd.DataFrame({"problem_id": ["p"] * 3, "node_id": [0, 1, 2], "parent": [-1, 0, -1],
                           "response_len": [10, 40, 10]})

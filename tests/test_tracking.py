@@ -60,7 +60,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.config import compose_run, to_container, to_yaml
-from pipeline.stage import StageRecord
+from stagekit.stage import StageRecord
 
 point, start_at, data = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 cfg = compose_run([f"train.cycles={point + 1}"])  # another sweep point: another config, the same data

@@ -216,7 +216,7 @@ def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(en
     module's engine, and the run's STOP file ends it with vLLM's processes."""
     from mars2.backends.engine import NODE_ADDRESS, EngineClient
     from mars2.config import BackendConfig
-    from pipeline.stage import StageContext
+    from stagekit.stage import StageContext
     from test_engine_nodes import serve_on
 
     monkeypatch.setenv(NODE_ADDRESS, "127.0.0.1")

@@ -16,7 +16,7 @@ from mars2.train.checkpoints import (
     prune_optimizer_states,
     require_optimizer_state,
 )
-from pipeline.stage import AgentWeights, StageContext, StageRecord
+from stagekit.stage import AgentWeights, StageContext, StageRecord
 
 OWNER = "qwen_tiny"
 

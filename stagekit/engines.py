@@ -1,7 +1,7 @@
 """The run's generation engines: one per weight owner, kept across waves, stages and cycles of a flow run.
 
 A flow opens :func:`engine_pool` around its stages (a stage flow run on a pool worker: :func:`node_engines`) and
-hands it to them as ``StageContext.engines``; :func:`pipeline.runners.load_backend` then hands out the owner's engine,
+hands it to them as ``StageContext.engines``; :func:`stagekit.runners.load_backend` then hands out the owner's engine,
 loading the stage's weights into it in place (the model folder, content-addressed, is the version), instead of a
 fresh backend. ``engine_starts`` counts every engine (or in-process model load, or vLLM worker) started during the
 run: the figure a GPU cluster pays for in minutes per start. A stage given no pool (a test calling a stage) loads
@@ -20,7 +20,7 @@ from mars2.backends.base import SERVICE_IDLE_EXIT_S, CountedBackend, SleepingBac
 from mars2.backends.engine import STARTS_FILE, STOP_FILE, EngineClient, EngineError, EngineSpec, node_name
 from mars2.config import BackendConfig
 from mars2.io import atomic_write_text
-from pipeline.stage import StageContext
+from stagekit.stage import StageContext
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ class StageContext:
     # the plan's GPU memory (plan.gpu_memory_gb, GiB): each GPU stage's worker checks its GPUs hold it (pools mode: the
     # flow's machine could not); None: no check
     gpu_memory_gb: float | None = None
-    # the run's generation engines on this machine (a pipeline.engines.EnginePool, opened by the flow or the stage flow
+    # the run's generation engines on this machine (a stagekit.engines.EnginePool, opened by the flow or the stage flow
     # run; it never leaves the process); None: every backend is loaded fresh
     engines: Any = field(default=None, compare=False, repr=False)
 

@@ -9,8 +9,8 @@ import os
 from mars2.backends.base import visible_devices
 from mars2.backends.engine import EngineClient
 from mars2.config import AgentConfig, BackendConfig, check_machine
-from pipeline.engines import EnginePool
-from pipeline.stage import AgentWeights, StageContext, StageRecord
+from stagekit.engines import EnginePool
+from stagekit.stage import AgentWeights, StageContext, StageRecord
 
 # an agent's fields that say how it trains, not how it generates: a stage that only generates does not read them
 TRAINING_FIELDS = ("optimizer", "bootstrap", "deepspeed", "update_procs")

@@ -1,0 +1,105 @@
+"""The project's packages are layers, each importing only those below it, and no module imports itself round a circle:
+``mars2`` (the library) < ``stagekit`` (what a stage is built with) < ``tasks`` (the stages) < ``pipeline`` (what wires
+them into flows) < ``flows`` (the entry points). Every import counts, also one inside a function."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("mars2", "stagekit", "tasks", "pipeline", "flows")
+
+
+def project_modules() -> dict[str, Path]:
+    """Module name -> file, for every module of the layers (the sandbox's stdlib-only runner package aside: it runs
+    alone inside the sandbox and imports its siblings by their bare names)."""
+    modules = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[:3] == ("mars2", "sandbox", "runner"):
+                continue
+            modules[".".join(parts).removesuffix(".__init__")] = path
+    return modules
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``from a.b import c`` counts as a.b.c where that is a module, else
+    a.b; a relative import is resolved against the module's package)."""
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets |= {base} | {f"{base}.{a.name}" for a in node.names}
+        graph[name] = {t for t in map(owner, targets) if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(project_modules())
+
+
+def test_no_layer_imports_one_above_it(graph):
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                    if rank[b.split(".")[0]] > rank[a.split(".")[0]])
+    assert upward == []
+
+
+def test_no_module_imports_itself_round_a_circle(graph):
+    assert circles(graph) == []
+
+
+def test_the_checks_see_an_arrow_up_and_a_circle():
+    """The two checks on a made-up graph: what they must find."""
+    made_up = {"mars2.a": {"mars2.b"}, "mars2.b": {"mars2.a", "tasks.x"}, "tasks.x": set()}
+    assert circles(made_up) == [["mars2.a", "mars2.b"]]
+    real = import_graph(project_modules())
+    assert "stagekit.stage" in real["tasks.rollout"] and "mars2.config" in real["mars2.sandbox.pool"]
