@@ -38,12 +38,14 @@ from collections.abc import Iterable, Sequence
 from pipeline.runtime import configure_process
 
 configure_process()  # PREFECT_HOME, offline hub flags, quiet warnings: before Prefect/MLflow/transformers load
+from omegaconf import OmegaConf
 from prefect import flow, get_run_logger
 from prefect.deployments.runner import EntrypointType
 
 from mars2.config import ConfigError
 from pipeline.config import VARY_TAG, load_cfg, override_key
 from pipeline.dispatch import stage_flow
+from pipeline.stages import stage_pools
 from flows.train_cycle import train_cycle
 
 DEFAULT_POOL = "cpu"
@@ -155,11 +157,11 @@ def wait_for(runs: Iterable, timeout_s: float) -> dict[str, tuple[str, str]]:
 
 # ---------------------------------------------------------------- registration
 
-def stage_pools(overrides: Sequence[str] = ()) -> list[str]:
-    """Every pool named by ``orchestration=pools`` (plus ``overrides``, e.g. ``orchestration.pools.update=a100`` or
-    ``orchestration.node_pools=[gpu-node0,gpu-node1]``)."""
-    cfg = load_cfg(["orchestration=pools", *overrides])
-    return sorted({*cfg.orchestration.pools.values(), cfg.orchestration.flow_pool, *cfg.orchestration.node_pools})
+def deployment_pools(overrides: Sequence[str] = ()) -> list[str]:
+    """Every pool a run with ``orchestration=pools`` (plus ``overrides``, e.g. ``orchestration.pools.update=a100`` or
+    ``orchestration.node_pools=[gpu-node0,gpu-node1]``) sends a stage or an engine to, and the flow's own."""
+    orchestration = OmegaConf.to_object(load_cfg(["orchestration=pools", *overrides]).orchestration)
+    return sorted({*stage_pools(orchestration).values(), orchestration.flow_pool, *orchestration.node_pools})
 
 
 def ensure_pools(names: Iterable[str]) -> list[str]:
@@ -199,7 +201,7 @@ def register(pool: str = DEFAULT_POOL, overrides: Sequence[str] = (), *, create_
 
     if concurrency is None:
         concurrency = run_concurrency(usable_cpus(), load_cfg(list(overrides)).cpus)
-    pools = stage_pools(overrides)
+    pools = deployment_pools(overrides)
     if create_pools:
         for name in ensure_pools([pool, *pools]):
             print(f"created work pool {name!r} (process)")

@@ -49,7 +49,7 @@ def evaluate_agents(overrides: list[str] | None = None) -> dict:
         s.metrics = s.report.done(s.stage.evaluate(
             s.ctx, evaluation=cfg.eval, search=cfg.search, grading=cfg.grading, backend=cfg.backend,
             members=cfg.agents.members, weight_records={m.name: team for m in cfg.agents.owners}, agents=agents,
-            dataset=dataset, cycle=0, max_problems=cfg.data.max_eval_problems), cycle=0, label="eval").metrics
+            dataset=dataset, cycle=0, max_problems=cfg.data.max_eval_problems), cycle=0).metrics
         return s.finish()
 
 

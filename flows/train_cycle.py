@@ -64,7 +64,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
         if cfg.eval.before and cfg.train.cycles:  # the starting point of every held-out curve, at step -1
             report.done(stage.evaluate(**common, evaluation=cfg.eval, search=cfg.search, weight_records=latest,
                                        agents=agents, dataset=dataset, cycle=-1,
-                                       max_problems=cfg.data.max_eval_problems), -1, label="eval")
+                                       max_problems=cfg.data.max_eval_problems), -1)
 
         for cycle in range(cfg.train.cycles):
             trees = report.done(stage.rollout(**common, search=cfg.search, weight_records=latest, agents=agents,
@@ -78,7 +78,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                                                         weight_record=latest[name], agents=agents, routed=routed,
                                                         cycle=cycle, temperature=cfg.search.temperature)
                        for name, m in owners.items()}  # concurrent on a GPU pool; one after the other locally
-            latest = {name: report.done(u, cycle, label=f"update/{name}") for name, u in all_results(updates).items()}
+            latest = {name: report.done(u, cycle, owner=name) for name, u in all_results(updates).items()}
             for name, w in latest.items():  # only once every update of the cycle has finished: a retry needs none
                 optimizer_states[name].append(w.weights_of(name).optimizer_dir)
                 prune_optimizer_states(optimizer_states[name], cfg.train.keep_optimizer_states)
@@ -88,7 +88,7 @@ def train_cycle(overrides: list[str] | None = None) -> dict:
                 s.metrics = report.done(stage.evaluate(**common, evaluation=evaluation, search=cfg.search,
                                                        weight_records=latest, agents=agents, dataset=dataset,
                                                        cycle=cycle, max_problems=cfg.data.max_eval_problems),
-                                        cycle, label="eval").metrics
+                                        cycle).metrics
             report.cycle_done(cycle)
         final = {name: model_dir(w, name) for name, w in latest.items()}
         run.log(lambda run_id: tracking.log_final_model_dirs(cfg, run_id, final))

@@ -37,9 +37,6 @@ MAX_WORKERS = 256
 PARITIES = ("script", "lcb")
 EVAL_SPLITS = ("eval", "train")
 ORCHESTRATION_MODES = ("local", "pools")
-STAGES = ("data", "agents", "bootstrap", "rollout", "grading", "advantage", "update", "evaluation")
-GENERATION_STAGES = ("rollout", "evaluation")  # the dispatched stages that generate with every agent's engine
-OWNER_STAGES = ("update",)  # one owner's stages: on the owner's node pool when the run spans nodes
 
 
 def choice(default: str | None, allowed: tuple[str, ...], hint: str = "") -> Any:
@@ -500,8 +497,8 @@ class BackendConfig:
 class DebugConfig:
     """Test-only knobs; not part of any cache key."""
 
-    fail_at: str | None = choice(None, STAGES)
-    """raise inside this stage (fault injection for the re-run test)."""
+    fail_at: str | None = None
+    """raise inside this stage (fault injection for the re-run test); a stage's name (pipeline/stages.py)."""
 
 
 @dataclass
@@ -603,11 +600,6 @@ def fixed_tp(member: AgentConfig, backend: BackendConfig) -> int | None:
     return member.tensor_parallel_size or backend.tensor_parallel_size
 
 
-def _default_pools() -> dict[str, str]:
-    return {"data": "cpu", "agents": "cpu", "bootstrap": "gpu", "rollout": "gpu", "grading": "cpu", "advantage": "cpu",
-            "update": "gpu", "evaluation": "gpu"}
-
-
 @dataclass
 class OrchestrationConfig:
     """Where stages run (pipelines.md, "Deployments and work pools"; docs/team.md).
@@ -620,10 +612,9 @@ class OrchestrationConfig:
 
     mode: str = choice("local", ORCHESTRATION_MODES, "local (every stage in the flow's process), pools (stages on their work pools)")
     """local: every stage in the flow's process; pools: stages on their work pools."""
-    pools: dict[str, str] = field(default_factory=_default_pools)
-    """stage -> Prefect work pool (used in pools mode). The generation stages, bootstrap and update go to gpu; data,
-    agents, grading (the sandbox needs CPU cores, not GPUs) and advantage to cpu; a stage not listed runs on
-    flow_pool."""
+    pools: dict[str, str] = field(default_factory=dict)
+    """stage -> Prefect work pool (used in pools mode; conf/orchestration/pools.yaml lists them); a stage not listed
+    runs on flow_pool. The stage names are the pipeline's (pipeline/stages.py checks them)."""
     flow_pool: str = "cpu"
     """the pool train-cycle itself runs on; its stages run inside the flow run's process."""
     stage_timeout_s: float | None = None
@@ -1083,9 +1074,8 @@ def _validate_smollm2(where: str, m: AgentConfig, planning: bool) -> None:
 
 
 def _validate_orchestration(o: OrchestrationConfig) -> None:
-    unknown = sorted(set(o.pools) - set(STAGES))
-    if unknown:
-        _fail(f"orchestration.pools names unknown stage(s) {unknown}", f"Stages: {', '.join(STAGES)}.")
+    """What the library can check; the stage names (pools' keys, what a run on several nodes sends where) are the
+    pipeline's: ``pipeline.stages.check_stage_names``."""
     empty = sorted(k for k, v in o.pools.items() if not v)
     if empty or not o.flow_pool:
         _fail(f"orchestration: empty pool name for {empty or ['flow_pool']}", "Name a Prefect work pool, e.g. cpu or gpu.")
@@ -1094,17 +1084,6 @@ def _validate_orchestration(o: OrchestrationConfig) -> None:
     if o.node_pools and (o.mode != "pools" or any(not p for p in o.node_pools)):
         _fail(f"orchestration.node_pools={list(o.node_pools)} needs orchestration=pools and a pool name per node",
               "Run on several nodes with orchestration=pools 'orchestration.node_pools=[gpu-node0,gpu-node1]'.")
-    generating = sorted(s for s in GENERATION_STAGES if o.pools.get(s, o.flow_pool) == o.flow_pool)
-    if o.node_pools and generating:
-        _fail(f"orchestration.node_pools: stage(s) {generating} would run in the flow's own process (pool "
-              f"{o.flow_pool!r}), which reaches no engine on another node",
-              "Send the generation stages to a worker pool: orchestration.pools.<stage>=<pool> (pools.yaml does).")
-    local_owner_stages = sorted(s for s in OWNER_STAGES if o.pools.get(s, o.flow_pool) == o.flow_pool)
-    if o.node_pools and local_owner_stages:
-        _fail(f"orchestration.node_pools: stage(s) {local_owner_stages} would run in the flow's own process (pool "
-              f"{o.flow_pool!r}) for every agent, not on each agent's node",
-              "Send them to a worker pool, which a run on several nodes replaces by each owner's node pool: "
-              "orchestration.pools.update=<pool> (pools.yaml does).")
 
 
 def _validate_nodes(cfg: RunConfig) -> None:

@@ -71,7 +71,13 @@ def resolve(cfg: DictConfig, *, cuda_available: bool | None = None, planning: bo
         run: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid config value: {_first_line(e)}") from None
-    return validate(run, cuda_available=cuda_available, planning=planning)
+    run = validate(run, cuda_available=cuda_available, planning=planning)
+    o = run.orchestration
+    if o.pools or o.node_pools or run.debug.fail_at is not None:  # only then: the declarations import every stage
+        from pipeline.stages import check_stage_names
+
+        check_stage_names(o, run.debug.fail_at)
+    return run
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "config",

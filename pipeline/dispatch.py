@@ -39,24 +39,14 @@ from prefect.states import State
 
 from mars2.backends.engine import STARTS_FILE, EngineClient, EngineError, EngineSpec, node_name
 from mars2.backends.base import visible_devices
-from mars2.config import OWNER_STAGES, AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
+from mars2.config import AgentConfig, BackendConfig, ConfigError, OrchestrationConfig
 from mars2.io import atomic_write_json
-from stagekit.stage import StageContext, StageRecord
-from tasks.advantage import compute_advantages
-from tasks.agents import init_agents
-from tasks.bootstrap import bootstrap_agents
-from tasks.checkpoints import import_checkpoints
-from tasks.data import prepare_dataset
-from stagekit.engines import node_engines, node_services_dir
 from pipeline.runtime import use_cpu_budget
-from tasks.evaluation import evaluate
-from tasks.gate import refine_gate
-from tasks.grading import grade
-from tasks.rollout import rollout
-from tasks.update import update_policy
+from pipeline.stages import TASKS, declaration_of, stage_pools
+from stagekit.engines import node_engines, node_services_dir
+from stagekit.stage import StageContext, StageRecord
 
-ALL = {f.__name__: f for f in (prepare_dataset, init_agents, bootstrap_agents, import_checkpoints, rollout, grade,
-                                compute_advantages, update_policy, evaluate, refine_gate)}
+ALL = {t.fn.__name__: t for t in TASKS}  # a flow calls stage.<function name>(...)
 STAGE_FLOW = "stage"  # flow name of the dispatched stage; its deployments are named after their pool
 DISPATCH_DIR = "dispatch"  # <root>/dispatch/<flow run id>.json: records of stages run on other workers
 SERVE_ENGINE = "serve_engine"  # not a stage: the `stage` flow's request to start an agent's engine on its node
@@ -68,7 +58,8 @@ def placed_stages(orchestration: OrchestrationConfig | None = None) -> SimpleNam
     if orchestration is None or orchestration.mode == "local":
         return SimpleNamespace(failed=failed, **{name: LocalStage(t, failed) for name, t in ALL.items()})
     check_dispatch(orchestration)
-    pool = {name: orchestration.pools.get(t.name, orchestration.flow_pool) for name, t in ALL.items()}
+    pools = stage_pools(orchestration)
+    pool = {name: pools[t.name] for name, t in ALL.items()}
     executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="mars2-dispatch")
     return SimpleNamespace(failed=failed, **{
         name: LocalStage(t, failed) if pool[name] == orchestration.flow_pool
@@ -167,7 +158,7 @@ class PoolStage:
 
     def pool_for(self, arguments: dict[str, Any]) -> str:
         """The stage's pool; an owner's stage of a run on several nodes: its node's."""
-        if self.task.name in OWNER_STAGES:
+        if declaration_of(self.task).per_owner:
             return arguments["ctx"].engine_pools.get(arguments["member"].owner, self.pool)
         return self.pool
 

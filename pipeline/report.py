@@ -13,6 +13,7 @@ from rich.table import Table
 from mars2.config import RunConfig
 from mars2.io import write_parquet
 from pipeline import tracking
+from pipeline.stages import DECLARATIONS
 from stagekit.stage import StageContext, StageRecord, came_from_cache
 
 
@@ -32,17 +33,20 @@ class RunReport:
     console: Console = field(default_factory=lambda: summary_console())
     rows: list[dict] = field(default_factory=list)
 
-    def done(self, record: StageRecord, cycle: int, label: str | None = None) -> StageRecord:
-        """Record that a stage returned (ran now, or came from cache), log it to MLflow, print one line."""
+    def done(self, record: StageRecord, cycle: int, owner: str | None = None) -> StageRecord:
+        """Record that a stage returned (ran now, or came from cache), log it to MLflow, print one line; all under its
+        declared label (``<label>/<owner>`` for one weight owner's stage)."""
+        declaration = DECLARATIONS[record.stage]
         ran = not came_from_cache(record, self.ctx)
-        name = label or record.stage
+        name = f"{declaration.label}/{owner}" if owner else declaration.label
         self.rows.append({"cycle": cycle, "stage": name, "status": "ran" if ran else "cached",
                           "seconds": record.seconds if ran else 0.0, "key": record.key[:16], "dir": record.dir,
                           "metrics": dict(record.metrics)})
         if ran:
             self.run.needed()
         if ran or not self.run.has_stage(self.cfg, name, cycle):
-            self.run.log(lambda run_id: tracking.log_stage(self.cfg, run_id, record, step=cycle, prefix=name))
+            self.run.log(lambda run_id: tracking.log_stage(self.cfg, run_id, record, step=cycle, prefix=name,
+                                                           facts=declaration.facts))
         mark = "[green]✓ ran   [/]" if ran else "[cyan]↺ cached[/]"
         took = f"{record.seconds:7.1f}s" if ran else "       -"
         when = f"cycle {cycle}" if cycle >= 0 else "before "
@@ -269,39 +273,42 @@ def cycle_of(task_run_name: str) -> int | None:
 
 
 def cycle_table(rows: list[dict]) -> SummaryTable:
-    """What each cycle did, ran or cached: trees and nodes built, the share of refinements that refine another
-    agent's program (the team at work in one tree), the rollouts' pass rate on the hidden tests and that of their
-    refinements alone (does refining work?), the share of flat
-    trees (no advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the team's held-out
-    Pass@1 where the cycle was evaluated ("before": the starting weights)."""
-    owners = sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith("update/")})
+    """What each cycle did, ran or cached: one column per metric the stages declare (``columns`` of their
+    declarations, in the order the cycle runs them; a weight owner's stage once per owner) — trees and nodes built,
+    the share of refinements that refine another agent's program (the team at work in one tree), the rollouts' pass
+    rate on the hidden tests and that of their refinements alone (does refining work?), the share of flat trees (no
+    advantage), mean |Â| of the trained nodes, each weight owner's update loss / KL, and the team's held-out Pass@1
+    where the cycle was evaluated ("before": the starting weights). A cycle none of those stages reported is left
+    out."""
+    shown = [d for d in DECLARATIONS.values() if d.columns]
+    owners = {d.label: sorted({r["stage"].split("/", 1)[1] for r in rows if r["stage"].startswith(f"{d.label}/")})
+              for d in shown if d.per_owner}
 
-    def pct(value) -> str:
-        return "-" if value is None else f"{100 * value:.1f}%"
+    def cells(d, metrics: dict, owner: str = "") -> dict[str, str]:
+        return {c.header.format(owner=owner): c.show(metrics if c.metric is None else metrics.get(c.metric))
+                for c in d.columns}
 
     out = []
     for cycle in sorted({r["cycle"] for r in rows}):
         m = {r["stage"]: r["metrics"] for r in rows if r["cycle"] == cycle}
-        if "rollout" not in m and "eval" not in m:
+        if not any(d.label in m or any(f"{d.label}/{o}" in m for o in owners.get(d.label, ())) for d in shown):
             continue
-        rollout, grading, advantage = m.get("rollout", {}), m.get("grading", {}), m.get("advantage", {})
-        updates = {}
-        for o in owners:
-            u = m.get(f"update/{o}", {})
-            updates[o] = "buffered" if u.get("skipped") else f"{u['loss']:.2g} / {u['kl']:.1g}" if "loss" in u else "-"
-        adv = advantage.get("advantage_abs_mean")
-        out.append({"cycle": str(cycle) if cycle >= 0 else "before", "trees": str(int(rollout.get("n_problems", 0))),
-                    "nodes": str(int(rollout.get("n_nodes", 0))), "x-agent": pct(rollout.get("cross_agent_refine_share")),
-                    "pass": pct(grading.get("pass_rate")), "refine": pct(grading.get("refine_pass_rate")),
-                    "flat": pct(advantage.get("flat_tree_share")),
-                    "|Â|": "-" if adv is None else f"{adv:.3f}", **updates,
-                    "Pass@1": pct(m.get("eval", {}).get("team/pass_at_1"))})
-    columns = ["cycle", "trees", "nodes", "x-agent", "pass", "refine", "flat", "|Â|", *owners, "Pass@1"]
-    return SummaryTable("per cycle", pd.DataFrame(out, columns=columns),
-                        "x-agent: refinements of another agent's program · pass: rollouts passing the hidden tests · "
-                        "refine: refinements passing them · "
-                        "flat: trees with equal rewards (nothing trained) · |Â|: mean |advantage| · "
-                        f"{', '.join(owners) or 'each agent'}: update loss / KL · Pass@1: the team's, held out")
+        row = {"cycle": str(cycle) if cycle >= 0 else "before"}
+        for d in shown:
+            for owner in owners.get(d.label, [""]) if d.per_owner else [""]:
+                row |= cells(d, m.get(f"{d.label}/{owner}" if owner else d.label, {}), owner)
+        out.append(row)
+    columns = ["cycle"]
+    legend = []
+    for d in shown:
+        for c in d.columns:
+            if d.per_owner:
+                columns += [c.header.format(owner=o) for o in owners[d.label]]
+                legend.append(f"{', '.join(owners[d.label]) or 'each agent'}: {c.legend}")
+            else:
+                columns.append(c.header)
+                legend += [f"{c.header}: {c.legend}"] if c.legend else []
+    return SummaryTable("per cycle", pd.DataFrame(out, columns=columns), " · ".join(legend))
 
 
 def unchanged_note(rows: list[dict], after: dict[str, float], before: dict[str, float] | None) -> str:

@@ -375,12 +375,11 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-FACT_STAGES = ("data", "agents")  # their numbers (dataset counts, parameter counts) describe the run, never move
-
-
-def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, prefix: str | None = None) -> None:
-    """Metrics as ``<stage>/<name>`` at ``step`` (= cycle) — for the stages of :data:`FACT_STAGES` params of those
-    names instead, so that the metrics are the numbers that move — and ``<stage>/seconds``; its tables as artefacts
+def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, prefix: str | None = None,
+              facts: bool = False) -> None:
+    """Metrics as ``<prefix>/<name>`` at ``step`` (= cycle) — with ``facts`` (a stage whose numbers, such as dataset
+    counts or parameter counts, describe the run and never move) params of those names instead, so that the metrics
+    are the numbers that move — and ``<prefix>/seconds`` (``prefix``: the stage's label, else its name); its tables as artefacts
     under ``cycle_<step>/<stage>/`` (``before/<stage>/`` for step -1: the evaluation of the starting weights), each
     Parquet table with a CSV preview beside it (:func:`preview_csv`)."""
     from mlflow.entities import Metric, Param
@@ -388,7 +387,6 @@ def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, pr
     client = _client(tracking_uri(cfg))
     now = int(time.time() * 1000)
     name = prefix or record.stage
-    facts = record.stage in FACT_STAGES
     metrics = [] if facts else [Metric(f"{name}/{k}", float(v), now, step) for k, v in record.metrics.items()]
     metrics.append(Metric(f"{name}/seconds", record.seconds, now, step))
     params = [Param(f"{name}/{k}", f"{v:g}") for k, v in record.metrics.items()] if facts else []

@@ -208,7 +208,7 @@ def narrowed(value: Any, reads: tuple[str, ...]) -> Any:
 
 
 class UndeclaredRead(RuntimeError):
-    """A stage used a config field it does not declare in its ``READS``."""
+    """A stage used a config field it does not declare in its declaration's ``reads``."""
 
 
 class Undeclared:
@@ -223,8 +223,8 @@ class Undeclared:
 
     def _use(self, *args, **kwargs):
         raise UndeclaredRead(f"{object.__getattribute__(self, 'where')} is used by a stage that does not declare it "
-                             "in its READS (tasks/<stage>.py): declare it, so that it enters the stage's cache key "
-                             "and a change to it is not computed from its default")
+                             "in its reads (its DECLARATION in tasks/<stage>.py): declare it, so that it enters the "
+                             "stage's cache key and a change to it is not computed from its default")
 
     def __getattr__(self, name):
         self._use()
@@ -272,8 +272,65 @@ def stage_dir(root: str | Path, stage: str, digest: str) -> Path:
     return Path(root) / "artifacts" / stage / digest[:16]
 
 
-def stage_task(stage: str, **options: Any) -> Callable[[Callable[..., StageRecord]], Any]:
-    """The Prefect task of a stage function (first parameter ``ctx``; it returns :func:`run_stage`'s record).
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def count(value: float | None) -> str:
+    return str(int(value or 0))
+
+
+def three_decimals(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a run's per-cycle table (``pipeline.report.cycle_table``): ``header`` over ``show(metric)``,
+    the stage's metric ``metric`` (None where the stage did not report it in that cycle; ``metric`` None: the
+    stage's whole metrics dict, empty where it did not run), ``legend`` under the table. A stage of one weight owner
+    (``per_owner``) has its columns once per owner, ``{owner}`` in ``header`` and ``legend`` naming it."""
+
+    header: str
+    metric: str | None
+    show: Callable[[Any], str]
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class StageDeclaration:
+    """Everything the pipeline knows of a stage, declared once in its ``tasks/<stage>.py``:
+
+    - ``name``: its folder ``artifacts/<name>/``, its Prefect task, its key in ``orchestration.pools`` (where it runs
+      with ``orchestration=pools``: ``conf/orchestration/pools.yaml``) and ``debug.fail_at``;
+    - ``label``: what users see: its line in the run's output, its MLflow metrics ``<label>/<metric>`` (with a weight
+      owner's stage, ``<label>/<owner>/<metric>``), its rows in ``cycle_<c>/summary.json``;
+    - ``modules`` and ``reads``: its cache key's code and config fields (:func:`run_stage`);
+    - ``columns``: its metrics in the per-cycle table; ``facts``: its metrics describe the run and never move (MLflow
+      params, not metrics); ``generates``: it generates with every agent's engine; ``per_owner``: one weight
+      owner's stage (on that owner's node when a run spans nodes).
+    """
+
+    name: str
+    label: str
+    modules: tuple[str, ...]
+    reads: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    columns: tuple[Column, ...] = ()
+    facts: bool = False
+    generates: bool = False
+    per_owner: bool = False
+
+
+def run_declared(declaration: StageDeclaration, ctx: StageContext, parameters: dict[str, Any],
+                 produce: Callable[..., dict[str, Any] | None], *, journaled: bool = False) -> StageRecord:
+    """:func:`run_stage` of the stage ``declaration`` declares: its name, modules and reads."""
+    return run_stage(declaration.name, declaration.modules, ctx, parameters, produce, declaration.reads or None,
+                     journaled=journaled)
+
+
+def stage_task(declaration: StageDeclaration, **options: Any) -> Callable[[Callable[..., StageRecord]], Any]:
+    """The Prefect task of a stage function (first parameter ``ctx``; it returns :func:`run_stage`'s record), named
+    after the stage ``declaration`` declares.
 
     The stage's folder is its only cache: Prefect computes no cache key and stores no result (``NO_CACHE``,
     ``persist_result=False``), so there is no second record to fall out of step with the files. A call whose folder
@@ -293,7 +350,7 @@ def stage_task(stage: str, **options: Any) -> Callable[[Callable[..., StageRecor
                 return Completed(name="Cached", data=record, message=f"reused {record.dir}")
             return record
 
-        return task(name=stage, cache_policy=NO_CACHE, persist_result=False, **options)(call)
+        return task(name=declaration.name, cache_policy=NO_CACHE, persist_result=False, **options)(call)
 
     return decorate
 

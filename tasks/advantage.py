@@ -9,25 +9,27 @@ import pandas as pd
 from mars2.config import AgentConfig, SearchConfig, TrainConfig
 from mars2.io import write_parquet
 from mars2.rl.tables import TRAIN_READS
-from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import (Column, StageContext, StageDeclaration, StageRecord, current_parameters, declared, percent,
+                            run_declared, stage_task, three_decimals)
 
-STAGE = "advantage"
-MODULES = ("mars2.rl", "mars2.io", "tasks.advantage")
+DECLARATION = StageDeclaration(
+    name="advantage", label="advantage",
+    modules=("mars2.rl", "mars2.io", "tasks.advantage"),
+    # the shaping and filtering settings, the reward's length limit L_max, and who owns whose weights
+    reads={"train": (*TRAIN_READS, "filter_flat_trees"), "search": ("max_new_tokens",),
+           "members": ("name", "shares_weights_with")},
+    columns=(Column("flat", "flat_tree_share", percent, "trees with equal rewards (nothing trained)"),
+             Column("|Â|", "advantage_abs_mean", three_decimals, "mean |advantage|")))
 
 
-# the shaping and filtering settings, the reward's length limit L_max, and who owns whose weights
-READS = {"train": (*TRAIN_READS, "filter_flat_trees"), "search": ("max_new_tokens",),
-         "members": ("name", "shares_weights_with")}
-
-
-@stage_task(STAGE, task_run_name="advantage-c{cycle}")
+@stage_task(DECLARATION, task_run_name="advantage-c{cycle}")
 def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConfig, members: list[AgentConfig],
                        trees: StageRecord, verdicts: StageRecord, cycle: int) -> StageRecord:
     """``routed/<owner>.parquet``: each weight owner's nodes with token ids, rollout log-probs and advantage
     (:func:`mars2.rl.tables.tree_advantages`: every tree scored as one group before routing)."""
 
-    train, search = declared(train, READS["train"]), declared(search, READS["search"])
-    members = declared(members, READS["members"])
+    train, search = declared(train, DECLARATION.reads["train"]), declared(search, DECLARATION.reads["search"])
+    members = declared(members, DECLARATION.reads["members"])
 
     def produce(out: Path) -> dict:
         from mars2.rl.tables import advantage_metrics, route, routed_metrics, tree_advantages
@@ -45,4 +47,4 @@ def compute_advantages(ctx: StageContext, train: TrainConfig, search: SearchConf
             write_parquet(out / "routed" / f"{owner}.parquet", part)
         return {"metrics": {**metrics, **routed_metrics(routed)}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)

@@ -7,18 +7,17 @@ from pathlib import Path
 import pandas as pd
 
 from mars2.config import AgentConfig
-from stagekit.stage import (AgentWeights, StageContext, StageRecord, current_parameters, declared,
-                         run_stage, stage_task)
+from stagekit.stage import (AgentWeights, StageContext, StageDeclaration, StageRecord, current_parameters, declared,
+                            run_declared, stage_task)
 
-STAGE = "agents"
-MODULES = ("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents")
+DECLARATION = StageDeclaration(
+    name="agents", label="agents", facts=True,
+    modules=("mars2.models", "mars2.io", "mars2.train.checkpoints", "tasks.agents"),
+    # what builds or finds the initial weights
+    reads={"members": ("name", "model", "tokenizer", "shares_weights_with", "dtype", "tiny")})
 
 
-# what builds or finds the initial weights
-READS = {"members": ("name", "model", "tokenizer", "shares_weights_with", "dtype", "tiny")}
-
-
-@stage_task(STAGE)
+@stage_task(DECLARATION)
 def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRecord) -> StageRecord:
     """Initial weights and tokenizer per weight owner: ``record.weights[owner]`` (:class:`AgentWeights`; folders
     relative to the stage folder, or absolute for real models; see :meth:`StageRecord.weights_of`).
@@ -30,7 +29,7 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
     folder, so this stage's cache is the conversion cache); other real agents point at their local folders.
     """
 
-    members = declared(members, READS["members"])
+    members = declared(members, DECLARATION.reads["members"])
 
     def produce(out: Path) -> dict:
         from mars2.models.smollm2 import convert_gguf, find_gguf, is_smollm2, source_info
@@ -66,7 +65,7 @@ def init_agents(ctx: StageContext, members: list[AgentConfig], dataset: StageRec
             params[m.name] = sum(p.numel() for p in model.parameters())
         return {"metrics": {f"{k}/params": v for k, v in params.items()}, "weights": weights}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)
 
 
 def corpus(dataset: StageRecord) -> list[str]:

@@ -15,26 +15,28 @@ import pandas as pd
 
 from mars2.config import AgentConfig, GradingConfig
 from mars2.io import atomic_write_json
-from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import (StageContext, StageDeclaration, StageRecord, current_parameters, declared, run_declared,
+                            run_stage, stage_task)
 
-STAGE = "bootstrap"
-# the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr sweep
-# of the RL update reuses it
-READS = {"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
-                          if f.name not in ("optimizer", "deepspeed", "update_procs", "gpus", "backend")),
-         # the sandbox settings that decide whether a faulty variant fails a public test (refine examples)
-         "grading": ("time_limit_s", "memory_mb", "isolation", "parity")}
-# the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
-MODULES = ("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
-           "mars2.backends", "mars2.sandbox", "mars2.data.checks", "mars2.data.schema", "mars2.data.tables", "mars2.io",
-           "tasks.bootstrap", "stagekit.runners")
+DECLARATION = StageDeclaration(
+    name="bootstrap", label="bootstrap",
+    # the modules the warm-start uses, file by file: an edit elsewhere in mars2.train/search does not redo it
+    modules=("mars2.train.warm_start", "mars2.train.checkpoints", "mars2.search.prompts", "mars2.search.run",
+             "mars2.backends", "mars2.sandbox", "mars2.data.checks", "mars2.data.schema", "mars2.data.tables",
+             "mars2.io", "tasks.bootstrap", "stagekit.runners"),
+    # the warm-start reads all of an agent's fields but how the RL update trains it and where it generates: an lr
+    # sweep of the RL update reuses it
+    reads={"members": tuple(f.name for f in dataclasses.fields(AgentConfig)
+                            if f.name not in ("optimizer", "deepspeed", "update_procs", "gpus", "backend")),
+           # the sandbox settings that decide whether a faulty variant fails a public test (refine examples)
+           "grading": ("time_limit_s", "memory_mb", "isolation", "parity")})
 
 
 def needs_bootstrap(members: list[AgentConfig]) -> bool:
     return any(m.bootstrap.steps > 0 for m in members if m.shares_weights_with is None)
 
 
-@stage_task(STAGE)
+@stage_task(DECLARATION)
 def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: StageRecord, dataset: StageRecord,
                      grading: GradingConfig) -> StageRecord:
     """Warm weights per weight owner with ``bootstrap.steps > 0`` (``weights[owner].model_dir`` points at its complete
@@ -47,7 +49,7 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
     heterogeneous) and seeds that only change the RL share its warm-start.
     """
 
-    members, grading = declared(members, READS["members"]), declared(grading, READS["grading"])
+    members, grading = declared(members, DECLARATION.reads["members"]), declared(grading, DECLARATION.reads["grading"])
 
     def produce(out: Path) -> dict:
         from mars2.search.run import public_grader
@@ -63,18 +65,18 @@ def bootstrap_agents(ctx: StageContext, members: list[AgentConfig], agents: Stag
             inputs = {"member": m, "roles": roles, "init": init, "dataset": dataset}
             if m.bootstrap.refine_per_problem or m.bootstrap.wrong_readings:
                 inputs["grading"] = grading
-            record = run_stage(f"{STAGE}-agent", MODULES, ctx, inputs,
+            record = run_stage(f"{DECLARATION.name}-agent", DECLARATION.modules, ctx, inputs,
                                lambda folder, m=m, roles=roles: warm_start_owner(
                                    folder, m.name, m.bootstrap, roles, weights[m.name].model_dir,
                                    weights[m.name].tokenizer_dir, *warm_start_inputs(m, dataset),
                                    public_grader(ctx.grading(grading))),
-                               {"member": READS["members"], "grading": READS["grading"]})
+                               {"member": DECLARATION.reads["members"], "grading": DECLARATION.reads["grading"]})
             weights[m.name] = dataclasses.replace(weights[m.name], model_dir=str(Path(record.dir) / "model"))
             metrics.update({f"{m.name}/{k}": v for k, v in record.metrics.items()})
         atomic_write_json(out / "model_dirs.json", {o: w.model_dir for o, w in weights.items()})
         return {"metrics": metrics, "weights": weights}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)
 
 
 def warm_start_inputs(member: AgentConfig, dataset: StageRecord) -> tuple[list, dict[str, str], dict | None]:

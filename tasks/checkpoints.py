@@ -13,10 +13,11 @@ from pathlib import Path
 
 from mars2.io import folder_fingerprints
 from stagekit.checkpoint_checks import require_checkpoints
-from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.stage import StageContext, StageDeclaration, StageRecord, current_parameters, run_declared, stage_task
 
-STAGE = "checkpoints"
-MODULES = ("mars2.io", "tasks.checkpoints", "stagekit.checkpoint_checks", "stagekit.runners")
+DECLARATION = StageDeclaration(
+    name="checkpoints", label="checkpoints",
+    modules=("mars2.io", "tasks.checkpoints", "stagekit.checkpoint_checks", "stagekit.runners"))
 
 
 def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[str, dict[str, str]]:
@@ -26,7 +27,7 @@ def checkpoint_hashes(checkpoints: dict[str, str], owners: list[str]) -> dict[st
     return {owner: folder_fingerprints(Path(folder), with_mtime=True) for owner, folder in sorted(checkpoints.items())}
 
 
-@stage_task(STAGE)
+@stage_task(DECLARATION)
 def import_checkpoints(ctx: StageContext, checkpoints: dict[str, str], hashes: dict[str, dict[str, str]],
                        agents: StageRecord) -> StageRecord:
     """``agents`` with the given owners' weights replaced by the checkpoint folders (tokenizers unchanged)."""
@@ -41,4 +42,4 @@ def import_checkpoints(ctx: StageContext, checkpoints: dict[str, str], hashes: d
                                                      "fingerprints": hashes})
         return {"weights": weights}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)

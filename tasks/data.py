@@ -10,13 +10,13 @@ from mars2.config import DataConfig
 from mars2.data.sources import REJECT_COLUMNS, build_dataset, input_files, summary_metrics
 from mars2.data.tables import problems_to_frame
 from mars2.io import atomic_write_json, sha256_file, sha256_json, write_parquet
-from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.stage import StageContext, StageDeclaration, StageRecord, current_parameters, run_declared, stage_task
 
-STAGE = "data"
-MODULES = ("mars2.data", "mars2.io", "tasks.data")
+DECLARATION = StageDeclaration(name="data", label="data", facts=True,
+                               modules=("mars2.data", "mars2.io", "tasks.data"))
 
 
-@stage_task(STAGE)
+@stage_task(DECLARATION)
 def prepare_dataset(ctx: StageContext, data: DataConfig, input_hash: str) -> StageRecord:
     """Problems → ``train.parquet``, ``eval.parquet``, ``rejected.parquet`` (every bad row: file, line, reason),
     ``summary.json`` (counts by platform/difficulty/test type, date range, content hashes, input files) and,
@@ -41,7 +41,7 @@ def prepare_dataset(ctx: StageContext, data: DataConfig, input_hash: str) -> Sta
                          "eval_hash": ds.summary["eval"]["content_hash"],
                          "contest_dates": [ds.summary["contest_date"]["min"], ds.summary["contest_date"]["max"]]}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)
 
 
 def source_hash(data: DataConfig) -> str:

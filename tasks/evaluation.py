@@ -24,23 +24,24 @@ from mars2.eval.run import SEARCH_READS
 from mars2.journal import Journal
 from mars2.search.run import public_grader
 from stagekit.progress import stage_progress
-from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import (Column, StageContext, StageDeclaration, StageRecord, current_parameters, declared, percent,
+                            run_declared, stage_task)
 from stagekit.engines import release
 from stagekit.runners import GENERATION_FIELDS, agent_runners
 
-STAGE = "evaluation"
-# The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
-# (mars2.eval.stats, mars2.eval.arms) do not change what an evaluation produces, so editing them must not re-run it.
-MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report", "mars2.eval.metrics",
-           "mars2.eval.diversity", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.evaluation", "stagekit.runners",
-           "mars2.journal")
+DECLARATION = StageDeclaration(
+    name="evaluation", label="eval", generates=True,
+    # The mars2.eval modules an evaluation runs, not the whole package: the study's statistics and plots
+    # (mars2.eval.stats, mars2.eval.arms) do not change what an evaluation produces, so editing them must not re-run it.
+    modules=("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.run", "mars2.eval.report",
+             "mars2.eval.metrics", "mars2.eval.diversity", "mars2.rl.verdicts", "mars2.data", "mars2.io",
+             "tasks.evaluation", "stagekit.runners", "mars2.journal"),
+    # the search settings the evaluation trees take (and the engines' batch), the agents' generation fields
+    reads={"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS},
+    columns=(Column("Pass@1", "team/pass_at_1", percent, "the team's, held out"),))
 
 
-# the search settings the evaluation trees take (and the engines' batch), the agents' generation fields
-READS = {"search": (*SEARCH_READS, "batch_size"), "members": GENERATION_FIELDS}
-
-
-@stage_task(STAGE, task_run_name="evaluation-c{cycle}")
+@stage_task(DECLARATION, task_run_name="evaluation-c{cycle}")
 def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, grading: GradingConfig,
              backend: BackendConfig, members: list[AgentConfig], weight_records: dict[str, StageRecord],
              agents: StageRecord, dataset: StageRecord, cycle: int, max_problems: int | None) -> StageRecord:
@@ -51,7 +52,7 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
     Each problem's samples and each tree are kept in the stage's journal as they are finished, then the distinct
     programs' hidden verdicts chunk by chunk: a killed evaluation run again with the same key redoes only the rest."""
 
-    search, members = declared(search, READS["search"]), declared(members, READS["members"])
+    search, members = declared(search, DECLARATION.reads["search"]), declared(members, DECLARATION.reads["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.report import evaluation_metrics, headline, per_problem_results, plot_difficulty
@@ -102,4 +103,4 @@ def evaluate(ctx: StageContext, evaluation: EvalConfig, search: SearchConfig, gr
         plot_difficulty(results, out / "by_difficulty.png")
         return {"metrics": metrics, "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce, journaled=True)

@@ -18,18 +18,20 @@ from mars2.journal import Journal
 from mars2.search.run import public_grader, search_sampling
 from stagekit.engines import release
 from stagekit.progress import stage_progress
-from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import (StageContext, StageDeclaration, StageRecord, current_parameters, declared, run_declared,
+                            stage_task)
 from stagekit.runners import GENERATION_FIELDS, agent_runners
 
-STAGE = "gate"
-MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
-           "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.gate", "stagekit.runners", "mars2.journal")
-# how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
-READS = {"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
-         "members": GENERATION_FIELDS}
+DECLARATION = StageDeclaration(
+    name="gate", label="gate",
+    modules=("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.eval.gate", "mars2.eval.stats",
+             "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.gate", "stagekit.runners", "mars2.journal"),
+    # how the trees sample (the gate samples as they do) and the engines' batch, the agents' generation fields
+    reads={"search": ("temperature", "top_p", "max_new_tokens", "detailed_feedback", "seed", "batch_size"),
+           "members": GENERATION_FIELDS})
 
 
-@stage_task(STAGE)
+@stage_task(DECLARATION)
 def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, grading: GradingConfig,
                 backend: BackendConfig, members: list[AgentConfig], weight_record: StageRecord, agents: StageRecord,
                 dataset: StageRecord) -> StageRecord:
@@ -40,7 +42,7 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
     Each generation phase and each chunk of hidden verdicts is kept in the stage's journal as it is done: a killed
     gate run again with the same key redoes only the rest."""
 
-    search, members = declared(search, READS["search"]), declared(members, READS["members"])
+    search, members = declared(search, DECLARATION.reads["search"]), declared(members, DECLARATION.reads["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.eval.gate import ATTEMPTS, gate_attempts, gate_markdown, gate_metrics, gate_table, refine_outcomes
@@ -76,4 +78,4 @@ def refine_gate(ctx: StageContext, gate: GateConfig, search: SearchConfig, gradi
                                                  "table": table.to_dict(orient="records")})
         return {"metrics": gate_metrics(table), "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce, journaled=True)

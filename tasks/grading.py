@@ -11,14 +11,18 @@ from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import CHUNK, Journal, in_chunks
 from stagekit.progress import stage_progress
-from stagekit.stage import StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.stage import (Column, StageContext, StageDeclaration, StageRecord, current_parameters, percent,
+                            run_declared, stage_task)
 
-STAGE = "grading"
-MODULES = ("mars2.sandbox", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.grading", "mars2.journal")
+DECLARATION = StageDeclaration(
+    name="grading", label="grading",
+    modules=("mars2.sandbox", "mars2.rl.verdicts", "mars2.data", "mars2.io", "tasks.grading", "mars2.journal"),
+    columns=(Column("pass", "pass_rate", percent, "rollouts passing the hidden tests"),
+             Column("refine", "refine_pass_rate", percent, "refinements passing them")))
 VERDICTS = "verdicts"  # the journal's part: one shard per graded chunk
 
 
-@stage_task(STAGE, task_run_name="grading-c{cycle}")
+@stage_task(DECLARATION, task_run_name="grading-c{cycle}")
 def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, dataset: StageRecord,
           cycle: int) -> StageRecord:
     """``verdicts.parquet``: per node, the verdict on the hidden tests and the binary reward (1 iff all pass).
@@ -50,7 +54,7 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
                             "graded_on_public_tests": public_only},
                 "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, journaled=True)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce, journaled=True)
 
 
 def problems_by_id(dataset: StageRecord, split: str) -> dict:

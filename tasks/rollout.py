@@ -11,20 +11,22 @@ from mars2.data.tables import cycle_subset, problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import Journal
 from stagekit.progress import stage_progress
-from stagekit.stage import StageContext, StageRecord, current_parameters, declared, run_stage, stage_task
+from stagekit.stage import (Column, StageContext, StageDeclaration, StageRecord, count, current_parameters, declared,
+                            percent, run_declared, stage_task)
 from stagekit.engines import release
 from stagekit.runners import GENERATION_FIELDS, agent_runners
 
-STAGE = "rollout"
+DECLARATION = StageDeclaration(
+    name="rollout", label="rollout", generates=True,
+    modules=("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
+             "stagekit.runners", "mars2.journal"),
+    reads={"members": GENERATION_FIELDS},  # every search field; of the agents, how they generate
+    columns=(Column("trees", "n_problems", count), Column("nodes", "n_nodes", count),
+             Column("x-agent", "cross_agent_refine_share", percent, "refinements of another agent's program")))
 TREES = "trees"  # the journal's part: one shard per finished tree
-MODULES = ("mars2.backends", "mars2.search", "mars2.sandbox", "mars2.data", "mars2.io", "tasks.rollout",
-           "stagekit.runners", "mars2.journal")
 
 
-READS = {"members": GENERATION_FIELDS}  # every search field; of the agents, how they generate
-
-
-@stage_task(STAGE, task_run_name="rollout-c{cycle}")
+@stage_task(DECLARATION, task_run_name="rollout-c{cycle}")
 def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, backend: BackendConfig,
             members: list[AgentConfig], weight_records: dict[str, StageRecord], agents: StageRecord,
             dataset: StageRecord, cycle: int, max_problems: int | None, rotate: bool = True) -> StageRecord:
@@ -38,7 +40,7 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, bac
     its finished trees and builds only the others (a tree depends only on its problem and the seeds), and the table
     is always assembled from the journal, so a resumed run writes what an uninterrupted one does."""
 
-    members = declared(members, READS["members"])
+    members = declared(members, DECLARATION.reads["members"])
 
     def produce(out: Path, journal: Journal) -> dict:
         from mars2.search.run import public_grader, resumable_search, search_sampling
@@ -61,4 +63,4 @@ def rollout(ctx: StageContext, search: SearchConfig, grading: GradingConfig, bac
         return {"metrics": {**tree_stats(nodes), "n_nodes": len(nodes), "n_problems": len(problems)},
                 "meta": {"resumed": note} if note else {}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce, READS, journaled=True)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce, journaled=True)

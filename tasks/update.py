@@ -12,14 +12,25 @@ import pandas as pd
 from mars2.backends.base import visible_devices
 from mars2.config import AgentConfig, ConfigError, TrainConfig, check_machine
 from stagekit.progress import stage_progress
-from stagekit.stage import AgentWeights, StageContext, StageRecord, current_parameters, run_stage, stage_task
+from stagekit.stage import (AgentWeights, Column, StageContext, StageDeclaration, StageRecord, current_parameters,
+                            run_declared, stage_task)
 from stagekit.runners import in_process_device
 
-STAGE = "update"
-MODULES = ("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "stagekit.runners")
+
+def loss_and_kl(metrics: dict[str, float]) -> str:
+    """An update's cell of the per-cycle table: ``loss / KL``, ``buffered`` (no step: its buffer is filling), ``-``."""
+    if metrics.get("skipped"):
+        return "buffered"
+    return f"{metrics['loss']:.2g} / {metrics['kl']:.1g}" if "loss" in metrics else "-"
 
 
-@stage_task(STAGE, task_run_name="update-{member.name}-c{cycle}")
+DECLARATION = StageDeclaration(
+    name="update", label="update", per_owner=True,
+    modules=("mars2.train", "mars2.rl", "mars2.io", "tasks.update", "stagekit.runners"),
+    columns=(Column("{owner}", None, loss_and_kl, "update loss / KL"),))
+
+
+@stage_task(DECLARATION, task_run_name="update-{member.name}-c{cycle}")
 def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, profile: dict[str, Any],
                   weight_record: StageRecord, agents: StageRecord, routed: StageRecord, cycle: int,
                   temperature: float = 1.0) -> StageRecord:
@@ -72,7 +83,7 @@ def update_policy(ctx: StageContext, member: AgentConfig, train: TrainConfig, pr
                 "weights": {owner: AgentWeights(model_dir="model", tokenizer_dir=current.tokenizer_dir,
                                                 optimizer_dir="ds")}}
 
-    return run_stage(STAGE, MODULES, ctx, current_parameters(), produce)
+    return run_declared(DECLARATION, ctx, current_parameters(), produce)
 
 
 def policy_step(ctx: StageContext, member: AgentConfig, out: Path, label: str, args: dict[str, Any]) -> dict:

@@ -30,7 +30,7 @@ def run(tmp_path: Path, data: DataConfig, monkeypatch) -> object:
 
 def key(data: DataConfig) -> str:
     params = {"ctx": StageContext(root="/unused"), "data": data, "input_hash": data_stage.source_hash(data)}
-    return stage_digest(data_stage.STAGE, data_stage.MODULES, params)
+    return stage_digest(data_stage.DECLARATION.name, data_stage.DECLARATION.modules, params)
 
 
 @pytest.fixture()

@@ -259,7 +259,7 @@ def test_a_run_on_several_nodes_sends_each_owners_update_to_its_nodes_pool():
     sharing weights is updated with its owner) while the other stages keep their pools; deploy registers a stage
     deployment for every node's pool."""
     from pipeline.dispatch import ALL, PoolStage, owner_pools
-    from flows.deploy import stage_pools
+    from flows.deploy import deployment_pools
 
     run = compose_run(["orchestration=pools", "orchestration.node_pools=[n0,n1]", "agents.members.1.node=1"],
                       cuda_available=False)
@@ -271,7 +271,7 @@ def test_a_run_on_several_nodes_sends_each_owners_update_to_its_nodes_pool():
     assert [update.pool_for({"ctx": ctx, "member": m}) for m in run.agents.members] == ["n0", "n1"]
     assert update.pool_for({"ctx": StageContext(root="/r"), "member": run.agents.members[1]}) == "gpu"
     assert PoolStage("rollout", ALL["rollout"], "gpu", None, None, []).pool_for({"ctx": ctx}) == "gpu"
-    assert {"n0", "n1", "gpu", "cpu"} <= set(stage_pools(["orchestration.node_pools=[n0,n1]"]))
+    assert {"n0", "n1", "gpu", "cpu"} <= set(deployment_pools(["orchestration.node_pools=[n0,n1]"]))
 
 
 def test_local_submit_runs_now_and_returns_a_finished_future():

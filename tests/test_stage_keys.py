@@ -23,8 +23,8 @@ def _record(stage: str) -> StageRecord:
 
 def _key(task, tmp_path, **params) -> str:
     stage = sys.modules[task.fn.__module__]
-    return stage_digest(stage.STAGE, stage.MODULES, {"ctx": StageContext(root=str(tmp_path)), **params},
-                        getattr(stage, "READS", None))
+    return stage_digest(stage.DECLARATION.name, stage.DECLARATION.modules,
+                        {"ctx": StageContext(root=str(tmp_path)), **params}, stage.DECLARATION.reads or None)
 
 
 def _member(cfg, i: int = 0, **changes):
@@ -177,21 +177,21 @@ def _is_package(name: str) -> bool:
 @pytest.mark.parametrize("name", ["advantage", "agents", "bootstrap", "checkpoints", "data", "evaluation", "gate",
                                   "grading", "rollout", "update"])
 def test_every_stage_hashes_the_project_code_it_imports(name):
-    """A stage's code version (``MODULES``) covers every project module the stage imports, unless what it takes
+    """A stage's code version (its declaration's ``modules``) covers every project module the stage imports, unless what it takes
     from it only says how the stage runs (``RUN_ONLY``): editing code a stage runs re-runs the stage."""
     import importlib
 
     stage = importlib.import_module(f"tasks.{name}")
 
     def hashed(module: str) -> bool:
-        return any(module == m or module.startswith(m + ".") for m in stage.MODULES)
+        return any(module == m or module.startswith(m + ".") for m in stage.DECLARATION.modules)
 
     def run_only(module: str, names: set[str]) -> bool:
         allowed = RUN_ONLY.get(module, set())
         return module in RUN_ONLY and (allowed is None or bool(names) and names <= allowed)
 
     unhashed = {m: sorted(n) for m, n in _project_imports(stage).items() if not hashed(m) and not run_only(m, n)}
-    assert not unhashed, f"tasks.{name} imports {unhashed} but MODULES does not hash it"
+    assert not unhashed, f"tasks.{name} imports {unhashed} but its declaration's modules do not hash it"
     assert hashed(stage.__name__)
 
 
@@ -202,9 +202,9 @@ def test_the_import_check_sees_imports_inside_functions():
 
 
 def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
-    """A stage computes from its ``declared`` configs: the fields in its READS as given, every other one a guard that
+    """A stage computes from its ``declared`` configs: the fields its declaration reads as given, every other one a guard that
     fails at its first use (before: reset to its default, so a user's override of a field the stage used without
-    declaring it was ignored, silently). The advantage stage's own computation, with its READS and with one read
+    declaring it was ignored, silently). The advantage stage's own computation, with its reads and with one read
     left out of them."""
     import copy
     import dataclasses
@@ -219,12 +219,12 @@ def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
                           "response_len": [10, 40, 10]})
     verdicts = pd.DataFrame({"problem_id": ["p"] * 3, "node_id": [0, 1, 2], "reward": [1.0, 0.0, 0.0]})
     train = replace(cfg.train, overlong_buffer=8)
-    guarded = declared(train, advantage.READS["train"])
+    guarded = declared(train, advantage.DECLARATION.reads["train"])
     pd.testing.assert_frame_equal(tree_advantages(nodes, verdicts, guarded, max_len=40),
                                   tree_advantages(nodes, verdicts, train, max_len=40))
-    forgetful = tuple(r for r in advantage.READS["train"] if r != "overlong_buffer")
+    forgetful = tuple(r for r in advantage.DECLARATION.reads["train"] if r != "overlong_buffer")
     with pytest.raises(UndeclaredRead, match=r"TrainConfig\.overlong_buffer is used by a stage that does not "
-                                             r"declare it in its READS"):
+                                             r"declare it in its reads"):
         tree_advantages(nodes, verdicts, declared(train, forgetful), max_len=40)
 
     unread = guarded.kl_coef  # handed on, copied and shown, it is not used; every use fails
