@@ -288,15 +288,18 @@ def cycle_table(rows: list[dict]) -> SummaryTable:
         return {c.header.format(owner=owner): c.show(metrics if c.metric is None else metrics.get(c.metric))
                 for c in d.columns}
 
+    def labels(d) -> list[tuple[str, str]]:  # (owner, the label its rows carry)
+        return [(o, f"{d.label}/{o}") for o in owners[d.label]] if d.per_owner else [("", d.label)]
+
     out = []
     for cycle in sorted({r["cycle"] for r in rows}):
         m = {r["stage"]: r["metrics"] for r in rows if r["cycle"] == cycle}
-        if not any(d.label in m or any(f"{d.label}/{o}" in m for o in owners.get(d.label, ())) for d in shown):
+        if not any(label in m for d in shown for _, label in labels(d)):
             continue
         row = {"cycle": str(cycle) if cycle >= 0 else "before"}
         for d in shown:
-            for owner in owners.get(d.label, [""]) if d.per_owner else [""]:
-                row |= cells(d, m.get(f"{d.label}/{owner}" if owner else d.label, {}), owner)
+            for owner, label in labels(d):
+                row |= cells(d, m.get(label, {}), owner)
         out.append(row)
     columns = ["cycle"]
     legend = []
