@@ -732,6 +732,24 @@ def test_a_program_cannot_read_the_hosts_free_memory(pool):
     assert verdict.all_passed, verdict.detail
 
 
+def test_a_program_cannot_read_a_filesystems_free_space(pool):
+    """``statfs``/``fstatfs`` gave the free space of the host's disk (``/usr`` is on it at both levels), where the
+    grader spools outputs waiting for a slow judgment: a program saw 24 MiB go after its wrong answer and 0-1 MiB after
+    a right one (16 of 16 copies read their own verdict at both levels, and later copies learnt an earlier one's; a
+    fifth adversarial review). Both are refused at every level (``shutil.disk_usage`` fails, as on a judge)."""
+    code = textwrap.dedent("""
+        import os
+        for call in (lambda: os.statvfs("/usr"), lambda: os.statvfs("."), lambda: os.fstatvfs(0)):
+            try:
+                call()
+                print("read")
+            except OSError as e:
+                print(e.errno)
+        """)
+    [verdict] = grade_many([GradeJob(code, (Case("", "1\n1\n1"),))], pool=pool)
+    assert verdict.all_passed, verdict.detail
+
+
 DETACHED_WORKER = """
     import ctypes, os, time
     if {stop_reaping}:                  # give up being the reaper of our orphans: they would go to the zygote

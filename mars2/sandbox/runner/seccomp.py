@@ -1,7 +1,7 @@
 """The seccomp policy of a test process: a classic BPF program, assembled here, loaded through ``prctl``.
 
 Denied (EPERM): ptrace, process_vm_*, kcmp, pidfd_getfd, bpf, perf_event_open, userfaultfd, keys, inotify watches,
-``sysinfo`` (host-wide memory, load and process counts),
+``sysinfo`` (host-wide memory, load and process counts), ``statfs``/``fstatfs`` (a filesystem's free space),
 mount and
 namespace calls (the new mount API included), io_uring, SysV/mq IPC, kernel-admin calls, setting the host name,
 the domain name or any clock; ``mknod``/``mknodat`` of a character or block device; ``fallocate`` with any mode
@@ -28,7 +28,8 @@ _ARCHES = {
     # machine: (AUDIT_ARCH, {name: nr})
     "x86_64": (0xC000003E, {
         "socket": 41, "clone": 56, "fork": 57, "vfork": 58, "kill": 62, "ptrace": 101, "syslog": 103, "sysinfo": 99,
-        "uselib": 134, "ustat": 136, "sysfs": 139, "vhangup": 153, "modify_ldt": 154, "pivot_root": 155,
+        "uselib": 134, "ustat": 136, "statfs": 137, "fstatfs": 138, "sysfs": 139, "vhangup": 153,
+        "modify_ldt": 154, "pivot_root": 155,
         "_sysctl": 156, "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167,
         "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
         "quotactl": 179, "nfsservctl": 180, "lookup_dcookie": 212, "mq_open": 240, "kexec_load": 246,
@@ -55,6 +56,7 @@ _ARCHES = {
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "clone": 220, "kill": 129, "ptrace": 117, "syslog": 116, "sysinfo": 179, "vhangup": 58, "pivot_root": 41,
+        "statfs": 43, "fstatfs": 44,
         "chroot": 51, "acct": 89, "mount": 40, "umount2": 39, "swapon": 224, "swapoff": 225, "reboot": 142,
         "init_module": 105, "delete_module": 106, "quotactl": 60, "nfsservctl": 42, "lookup_dcookie": 18,
         "mq_open": 180, "kexec_load": 104, "add_key": 217, "request_key": 218, "keyctl": 219, "unshare": 97,
@@ -92,6 +94,7 @@ DENIED = (
     "inotify_add_watch",  # at the process level Landlock does not cover it: a watch on the host's /tmp saw its files
     "sched_setaffinity",  # even for itself: a test keeps the slot's cores, off the judges' (pool.py: split_cores)
     "sysinfo",  # the host's free memory moved with the judge's parsing of a wrong answer (and its load, processes)
+    "statfs", "fstatfs",  # the host disk's free space moved with the outputs spooled while a wrong answer was judged
 )
 METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
             "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
