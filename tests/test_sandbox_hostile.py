@@ -718,6 +718,30 @@ def test_host_wide_kernel_counters_tell_a_program_nothing(pool):
     assert verdict.all_passed, verdict.detail
 
 
+def test_memory_outside_the_address_space_is_capped_by_the_programs_own_allowance(pool):
+    """memfd pages are not in a process's address space (``RLIMIT_AS``): only the slot cgroup bounds them, and its
+    cap stayed at the pool's 1024 MiB ceiling (1.25 * 1024 + 256 MiB) whatever ``memory_mb`` a program had, so a
+    program allowed 64 MiB held 1.4 GiB (a sixth adversarial review). The cap now follows each program's allowance:
+    1.25 * 64 + 256 = 336 MiB, and 512 MiB of memfds end the test."""
+    if not probe_isolation().get("cgroup"):
+        pytest.skip("slot cgroups need root and a cgroup hierarchy")
+    code = textwrap.dedent("""
+        import os
+        chunk, fds = b"x" * (1 << 20), []
+        for _ in range(32):
+            fd = os.memfd_create("m")
+            for _ in range(16):
+                os.write(fd, chunk)
+            fds.append(fd)
+        print("held 512 MiB")
+        """)
+    [verdict] = grade_many([GradeJob(code, (Case("", "held 512 MiB"),))], pool=pool,
+                           limits=Limits(time_s=4, memory_mb=64))
+    assert verdict.status in ("MLE", "RE") and "held" not in verdict.detail, verdict
+    [honest] = grade_many([GradeJob(ADD, ADD_TESTS)], pool=pool, limits=Limits(memory_mb=64))
+    assert honest.all_passed, honest.detail  # the slot works on under the lower cap
+
+
 def test_a_program_cannot_read_the_hosts_free_memory(pool):
     """``sysinfo(2)`` gave the host's free RAM (and load averages, process count): a program sampling it every
     millisecond saw the judge process parse its wrong answer (a dip of ~55 MB against ~22 MB after a right one,

@@ -430,8 +430,14 @@ class Slot:
     def _run_once(self, code, mode, parity, func_name, limits, inputs, on_result, stop_after, isolate_tests) -> int:
         chan = self.chan
         assert chan is not None
-        if self.cgroup is not None and limits.memory_mb > self.cgroup_memory_mb:
-            self.cgroup.set_memory(self._cgroup_memory(limits.memory_mb))
+        if self.cgroup is not None and limits.memory_mb != self.cgroup_memory_mb:
+            # lowered too, not only raised: what a program holds outside its address space (memfd pages, tmpfs
+            # files) is bounded by this cap alone, and a cap left at the pool's ceiling let 1.4 GiB of memfds
+            # through a 64 MiB allowance
+            try:
+                self.cgroup.set_memory(self._cgroup_memory(limits.memory_mb))
+            except OSError as e:  # below what the slot holds now (EBUSY): a restarted slot holds less
+                raise SandboxError(f"cannot set the slot's memory cap to {limits.memory_mb} MiB: {e}") from e
             self.cgroup_memory_mb = limits.memory_mb
         wire = limits.to_wire()
         chan.send({"op": "program", "mode": mode, "parity": parity, "func_name": func_name, "limits": wire,
