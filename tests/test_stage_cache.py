@@ -12,9 +12,11 @@ from stagekit.stage import (
     AgentWeights,
     MANIFEST,
     StageContext,
+    StageDeclaration,
     StageFault,
     StageRecord,
     current_parameters,
+    run_declared,
     run_stage,
     stage_digest,
     stage_task,
@@ -75,13 +77,15 @@ def test_the_stage_folder_is_the_only_cache_and_prefect_names_its_reuse_cached(t
 
     calls = []
 
-    @stage_task("s", task_run_name="s-{x}")
+    declaration = StageDeclaration(name="s", label="s", modules=MODS)
+
+    @stage_task(declaration, task_run_name="s-{x}")
     def s(ctx: StageContext, x: int) -> StageRecord:
         def produce(out):
             calls.append(x)
             atomic_write_text(out / "a.txt", str(x))
 
-        return run_stage("s", MODS, ctx, current_parameters(), produce)
+        return run_declared(declaration, ctx, current_parameters(), produce)
 
     @flow
     def cycle(flow_run_id: str) -> tuple[str, StageRecord]:
