@@ -956,10 +956,14 @@ def test_a_program_busy_on_every_core_cannot_feel_its_answer_judged(level):
     assert rank_sum_p(stalls[False], stalls[True]) >= 0.01, stalls
 
 
-def test_spinners_in_one_slot_cannot_starve_the_program_in_another():
-    """One program starts 8 spinning processes, each in a session of its own, for its whole wall time; an honest program in the other slot needs
-    0.8 s of CPU under a 1 s limit (3 s of wall clock). Each slot weighs the same on the CPU whatever it runs (its
-    cgroup's share), so the honest one finishes in time instead of getting a wall-clock TLE."""
+@pytest.mark.parametrize("threads", [0, 3])
+def test_spinners_in_one_slot_cannot_starve_the_program_in_another(threads):
+    """One program starts 8 spinning processes, each in a session of its own, for its whole wall time; an honest
+    program in the other slot needs 0.8 s of CPU under a 1 s limit (3 s of wall clock). Each slot weighs the same on
+    the CPU whatever it runs (its cgroup's share), so the honest one finishes in time instead of getting a wall-clock
+    TLE. With ``threads``, each of the 8 processes spins 3 more threads (a sixth adversarial review): equal weights
+    alone let them take 5.2-5.7 s of CPU in 3 s and the honest program passed 1 of 8 times; each slot's group is also
+    capped at its share of the cores (CFS bandwidth, ``SandboxPool.slot_cpu_cores``)."""
     if not probe_isolation().get("cgroup") or not probe_isolation().get("bwrap"):
         pytest.skip("slot cgroups need root and a cgroup hierarchy; this test needs processes (bwrap)")
     spinners = textwrap.dedent("""
@@ -968,9 +972,14 @@ def test_spinners_in_one_slot_cannot_starve_the_program_in_another():
             if os.fork() == 0:
                 os.setsid()  # a session each: the kernel's per-session fairness (autogroup) no longer holds them
                 break
-        while True:
-            pass
-        """)
+        import threading
+        def spin():
+            while True:
+                pass
+        for _ in range({threads}):
+            threading.Thread(target=spin, daemon=True).start()
+        spin()
+        """).format(threads=threads)
     honest = textwrap.dedent("""
         import time
         end = time.process_time() + 0.8
@@ -982,10 +991,14 @@ def test_spinners_in_one_slot_cannot_starve_the_program_in_another():
     try:
         hog, fair = grade_many([GradeJob(spinners, (Case("", "x"),)), GradeJob(honest, (Case("7\n", "7"),))],
                                pool=pool, grading=GradingConfig(time_limit_s=1.0, workers=2))
+        caps = [Path(d, name).read_text().split()[0] for slot in pool.slots if slot.cgroup for d in slot.cgroup.dirs
+                for name in ("cpu.cfs_quota_us", "cpu.max") if Path(d, name).exists()]
     finally:
         pool.close()
     assert hog.status == "TLE"
     assert fair.all_passed, (fair.status, fair.detail, fair.tests)
+    # the cap itself (the starving above is a race the old code lost 1 to 7 times in 8, by the machine's load)
+    assert caps and set(caps) == {str(round(pool.slot_cpu_cores() * isolation.CFS_PERIOD_US))}, caps
 
 
 PID = "import os\nprint(os.getpid())\n"

@@ -249,6 +249,9 @@ def _remove_tree(path: str) -> None:
 # --- cgroups --------------------------------------------------------------------------------------
 
 
+CFS_PERIOD_US = 100_000  # the kernel's default period of CPU bandwidth control
+
+
 class SlotCgroup:
     """Memory and pids limits, and a CPU share, for one slot's whole sandbox (cgroup v1 or v2), created once,
     reused.
@@ -256,11 +259,14 @@ class SlotCgroup:
     The memory limit caps everything the slot holds (the zygote, a test and all its children, its
     tmpfs files), which ``RLIMIT_AS`` (per process) cannot; an OOM kill inside it is reported as
     ``MLE``. The pids limit caps fork bombs independently of uids. The CPU controller (where the host has one)
-    gives every slot the same weight whatever number of processes it runs, so the processes one program leaves
-    spinning cannot starve the program in another slot into a wall-clock time-out.
+    gives every slot the same weight whatever number of processes it runs, and caps it at ``cpu_cores`` cores (CFS
+    bandwidth: ``cpu.cfs_quota_us`` / ``cpu.max`` = ``cpu_cores`` periods a period), so the processes one program
+    leaves spinning cannot starve the program in another slot into a wall-clock time-out (equal weights alone did
+    not hold against many processes of many threads).
     """
 
-    def __init__(self, version: str, name: str, memory_bytes: int, pids_max: int) -> None:
+    def __init__(self, version: str, name: str, memory_bytes: int, pids_max: int,
+                 cpu_cores: float | None = None) -> None:
         self.version = version
         self.dirs: list[str] = []
         if version == "v1":
@@ -280,6 +286,10 @@ class SlotCgroup:
                 self.dirs.append(cpu)
             except OSError:
                 pass  # no cpu controller here: slots share the CPU as their processes do (docs/sandbox.md)
+            else:
+                if cpu_cores is not None:
+                    _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+                    _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(round(cpu_cores * CFS_PERIOD_US)))
         else:
             top = os.path.join("/sys/fs/cgroup", CGROUP_NAME)
             os.makedirs(top, exist_ok=True)
@@ -298,6 +308,8 @@ class SlotCgroup:
             except OSError:
                 pass
             _write(os.path.join(path, "pids.max"), str(pids_max))
+            if cpu_cores is not None and os.path.exists(os.path.join(path, "cpu.max")):
+                _write(os.path.join(path, "cpu.max"), f"{round(cpu_cores * CFS_PERIOD_US)} {CFS_PERIOD_US}")
             self.events = os.path.join(path, "memory.events")
         self.procs = [os.path.join(d, "cgroup.procs") for d in self.dirs]
 

@@ -200,7 +200,7 @@ class Slot:
         try:
             name = f"slot-{uid}" if uid is not None else f"pid{os.getpid()}-slot{self.index}"
             self.cgroup = isolation.SlotCgroup(pool.probe["cgroup"], name, self._cgroup_memory(pool.memory_ceiling_mb),
-                                               pool.nproc_ceiling + 64)
+                                               pool.nproc_ceiling + 64, cpu_cores=pool.slot_cpu_cores())
             self.cgroup_memory_mb = pool.memory_ceiling_mb
         except OSError as e:
             log.warning("sandbox slot %d: cgroup not usable (%s); continuing without", self.index, e)
@@ -662,6 +662,12 @@ class SandboxPool:
         self._all_judges: list[Judge] = []
         self._judges_lock = threading.Lock()
         atexit.register(self.close)
+
+    def slot_cpu_cores(self) -> float:
+        """The CPU a slot's sandbox may use at most (its cgroup's bandwidth cap): the slots' cores shared among the
+        slots, and at least one core (a single-threaded program is never slowed by the cap)."""
+        cores = len(self.slot_cpus) or usable_cpus()
+        return max(1.0, cores / self.workers)
 
     def params(self) -> dict[str, str]:
         """Flat ``sandbox.*`` strings describing the isolation in use (for MLflow params)."""
