@@ -36,7 +36,7 @@ def configure_process(temporary_server: bool = False) -> None:
         "DO_NOT_TRACK": "1",
         # mars2's own warnings (sandbox level, planner, stale stage folders) reach the Prefect run's logs (its UI);
         # records outside a run (a sandbox thread, the command line's checks) stay on the console and in the log file
-        "PREFECT_LOGGING_EXTRA_LOGGERS": "mars2,tasks,pipeline",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "mars2,stagekit,tasks,pipeline",
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         # read when torch loads OpenMP, so set here: an idle OpenMP thread sleeps instead of spinning, which on a
         # machine shared by several runs takes the cores their threads need (docs/cpu.md)

@@ -41,7 +41,7 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
         sandbox = ctx.grading(grading)
         checked = sum(has_check_tests(problems[pid].hidden_tests) for pid in rows["problem_id"])
         if checked:
-            logging.getLogger("mars2").warning(
+            logging.getLogger(__name__).warning(
                 "grading: %d programs are rewarded by in-process checks (HumanEval-style), which a program can pass "
                 "without solving (docs/data.md): a reward to train on only with models you trust", checked)
 

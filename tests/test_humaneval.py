@@ -138,9 +138,11 @@ def test_humaneval_canonical_solutions_pass_164_of_164(humaneval):
     assert public_failed == {"HumanEval/47": (1, 2)}
 
 
-def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, tmp_path, capfd):
+def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, tmp_path):
     """A check runs in the candidate's own process with the hidden asserts on stdin, so a policy can learn to pass it
     without solving (docs/data.md): the grading stage counts such rewards (``rewarded_by_checks``) and warns."""
+    import logging
+
     import pandas as pd
 
     from mars2.data.tables import problems_to_frame
@@ -155,7 +157,13 @@ def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, t
                   "code": ["def half(x):\n    return x / 2\n", None]}).to_parquet(tmp_path / "trees.parquet")
     dataset = StageRecord(stage="data", key="d", dir=str(tmp_path / "data"), files={"train.parquet": "x"})
     trees = StageRecord(stage="rollout", key="r", dir=str(tmp_path), files={"trees.parquet": "x"})
-    record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2), trees,
-                                   dataset, 0)
+    said, handler = [], logging.Handler(logging.WARNING)
+    handler.emit = said.append  # whatever handlers the process set up for the stage's logger (Prefect's, pytest's)
+    logging.getLogger("tasks.grading").addHandler(handler)
+    try:
+        record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2),
+                                       trees, dataset, 0)
+    finally:
+        logging.getLogger("tasks.grading").removeHandler(handler)
     assert record.metrics["rewarded_by_checks"] == 2 and record.metrics["pass_rate"] == 0.5
-    assert "2 programs are rewarded by in-process checks" in capfd.readouterr().err  # the run's log (mars2's logger)
+    assert any("2 programs are rewarded by in-process checks" in r.getMessage() for r in said)

@@ -103,3 +103,17 @@ def test_the_checks_see_an_arrow_up_and_a_circle():
     assert circles(made_up) == [["mars2.a", "mars2.b"]]
     real = import_graph(project_modules())
     assert "stagekit.stage" in real["tasks.rollout"] and "mars2.config" in real["mars2.sandbox.pool"]
+
+
+def test_every_layers_warnings_reach_the_prefect_runs_logs(tmp_path):
+    """A stage's warning (a stale stage folder in stagekit, the grading stage's in tasks) reaches the run's Prefect
+    logs only from the loggers ``PREFECT_LOGGING_EXTRA_LOGGERS`` names: every layer below the flows."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; from pipeline.runtime import configure_process; configure_process(); "
+            "print(os.environ['PREFECT_LOGGING_EXTRA_LOGGERS'])")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_LOGGING_EXTRA_LOGGERS"} | {"MARS2_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert set(out.stdout.split()[-1].split(",")) == set(LAYERS) - {"flows"}, out.stderr
