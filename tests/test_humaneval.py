@@ -167,3 +167,25 @@ def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, t
         logging.getLogger("tasks.grading").removeHandler(handler)
     assert record.metrics["rewarded_by_checks"] == 2 and record.metrics["pass_rate"] == 0.5
     assert any("2 programs are rewarded by in-process checks" in r.getMessage() for r in said)
+
+
+FORGERIES = {
+    "spec_rewritten": "import __main__\n__main__._m2_spec['test'] = 'def check(c):\\n    pass\\n'\n"
+                      "def add(a, b):\n    return 0\n",
+    "asserts_read": "import __main__, re\n_seen = {}\n"
+                    "for m in re.finditer(r'candidate\\((.*?)\\) == (.*)', __main__._m2_spec['test']):\n"
+                    "    _seen[m.group(1).replace(' ', '')] = eval(m.group(2))\n"
+                    "def add(a, b):\n    return _seen[f'{a},{b}']\n",
+}
+
+
+@pytest.mark.xfail(strict=True, reason="open (#50, sixth adversarial review): the check runs in the candidate's own "
+                                       "process with the hidden asserts on stdin (docs/data.md)")
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_candidate_cannot_pass_a_check_without_solving(forgery):
+    """A candidate that rewrites the driver's spec so the check does nothing, or reads the hidden asserts from it and
+    returns what they expect, must not pass. Strict xfail until the checks run where a candidate cannot reach them."""
+    prelude = 'def add(a, b):\n    """Return a + b."""\n'
+    test = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n"
+    verdict = grade_one(FORGERIES[forgery], [check_test(prelude, test, "add")])
+    assert not verdict.all_passed, verdict
