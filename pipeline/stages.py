@@ -34,7 +34,6 @@ def declaration_of(task) -> StageDeclaration:
 
 
 DECLARATIONS: dict[str, StageDeclaration] = {declaration_of(t).name: declaration_of(t) for t in TASKS}
-BY_LABEL: dict[str, StageDeclaration] = {d.label: d for d in DECLARATIONS.values()}
 
 
 def stage_pools(orchestration: OrchestrationConfig) -> dict[str, str]:

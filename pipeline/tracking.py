@@ -379,9 +379,9 @@ def log_stage(cfg: RunConfig, run_id: str, record: StageRecord, *, step: int, pr
               facts: bool = False) -> None:
     """Metrics as ``<prefix>/<name>`` at ``step`` (= cycle) — with ``facts`` (a stage whose numbers, such as dataset
     counts or parameter counts, describe the run and never move) params of those names instead, so that the metrics
-    are the numbers that move — and ``<prefix>/seconds`` (``prefix``: the stage's label, else its name); its tables as artefacts
-    under ``cycle_<step>/<stage>/`` (``before/<stage>/`` for step -1: the evaluation of the starting weights), each
-    Parquet table with a CSV preview beside it (:func:`preview_csv`)."""
+    are the numbers that move — and ``<prefix>/seconds`` (``prefix``: the stage's label, else its name); its tables
+    as artefacts under ``cycle_<step>/<stage>/`` (``before/<stage>/`` for step -1: the evaluation of the starting
+    weights), each Parquet table with a CSV preview beside it (:func:`preview_csv`)."""
     from mlflow.entities import Metric, Param
 
     client = _client(tracking_uri(cfg))

@@ -80,7 +80,8 @@ def team(tiny_model_dir):
     problems = [problem_from_lcb_row(r) for r in toy_benchmark(2, 0)]
 
     def grade(jobs):
-        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs], grading=GradingConfig(workers=2, time_limit_s=2))
+        return grade_many([GradeJob(c, tuple(t), f) for c, t, f in jobs],
+                          grading=GradingConfig(workers=2, time_limit_s=2))
 
     return problems, {"a": AgentRunner(backend, tok, "role A"), "b": AgentRunner(backend, tok, "role B")}, grade
 

@@ -177,8 +177,8 @@ def _is_package(name: str) -> bool:
 @pytest.mark.parametrize("name", ["advantage", "agents", "bootstrap", "checkpoints", "data", "evaluation", "gate",
                                   "grading", "rollout", "update"])
 def test_every_stage_hashes_the_project_code_it_imports(name):
-    """A stage's code version (its declaration's ``modules``) covers every project module the stage imports, unless what it takes
-    from it only says how the stage runs (``RUN_ONLY``): editing code a stage runs re-runs the stage."""
+    """A stage's code version (its declaration's ``modules``) covers every project module the stage imports, unless
+    what it takes from it only says how the stage runs (``RUN_ONLY``): editing code a stage runs re-runs the stage."""
     import importlib
 
     stage = importlib.import_module(f"tasks.{name}")
@@ -202,9 +202,9 @@ def test_the_import_check_sees_imports_inside_functions():
 
 
 def test_a_stage_that_uses_a_field_it_did_not_declare_fails_naming_it(cfg):
-    """A stage computes from its ``declared`` configs: the fields its declaration reads as given, every other one a guard that
-    fails at its first use (before: reset to its default, so a user's override of a field the stage used without
-    declaring it was ignored, silently). The advantage stage's own computation, with its reads and with one read
+    """A stage computes from its ``declared`` configs: the fields its declaration reads as given, every other one a
+    guard that fails at its first use (before: reset to its default, so a user's override of a field the stage used
+    without declaring it was ignored, silently). The advantage stage's own computation, with its reads and with one read
     left out of them."""
     import copy
     import dataclasses

@@ -30,7 +30,8 @@ def evaluation_rollouts(problems: Sequence[Problem], evaluation: EvalConfig, sea
                         journal: Journal | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The i.i.d. samples (``evaluation.n_samples`` per agent per problem) and the evaluation trees: the team's
     ``evaluation.max_nodes``-node tree (and one per agent alone with ``per_agent_trees``), without and/or with T+
-    (detailed feedback + depth-guided exploration), built by ``evaluation.tree_strategy`` (AB-MCTS-A by default). Public scores only: hidden grading comes after.
+    (detailed feedback + depth-guided exploration), built by ``evaluation.tree_strategy`` (AB-MCTS-A by default).
+    Public scores only: hidden grading comes after.
     ``progress`` is told ``(programs generated, programs in all)`` as samples and tree nodes come in. With
     ``journal``, each problem's samples and each tree are kept as they are finished (:func:`evaluation_parts` names
     the parts), and what an earlier run of the stage key kept is not generated again."""

@@ -19,9 +19,10 @@ from mars2.config import GradingConfig, SearchConfig
 from mars2.data.schema import Problem
 from mars2.journal import Journal
 from mars2.search.ab_mcts import ABMCTSA, DepthDecay
+from mars2.search.sampling import run_independent_sampling
+from mars2.search.scheduler import NODE_COLUMNS, SIGNALS, AgentRunner, GradeFn, run_tree_search
 from mars2.search.sequential import SequentialRefinement
 from mars2.search.tree import TreePolicy
-from mars2.search.scheduler import AgentRunner, GradeFn
 
 
 def public_grader(grading: GradingConfig) -> GradeFn:
@@ -48,7 +49,7 @@ def ab_mcts_policy(search: SearchConfig) -> ABMCTSA:
     return ABMCTSA(search.prior, decay)
 
 
-# search.strategy -> the tree search strategy it builds; mars2.config.STRATEGIES holds these names and independent
+# search.strategy -> the tree search strategy it builds (its names: mars2.config.TREE_STRATEGIES)
 TREE_POLICIES: dict[str, Callable[[SearchConfig], TreePolicy]] = {
     "ab_mcts": ab_mcts_policy,
     "sequential": lambda search: SequentialRefinement(),
@@ -58,7 +59,8 @@ TREE_POLICIES: dict[str, Callable[[SearchConfig], TreePolicy]] = {
 def search_policy(search: SearchConfig) -> TreePolicy:
     """The tree search strategy ``search.strategy`` names, built from ``search``."""
     if search.strategy not in TREE_POLICIES:
-        raise ValueError(f"search.strategy {search.strategy!r} builds no tree; tree strategies: {sorted(TREE_POLICIES)}")
+        raise ValueError(f"search.strategy {search.strategy!r} builds no tree; tree strategies: "
+                         f"{sorted(TREE_POLICIES)}")
     return TREE_POLICIES[search.strategy](search)
 
 
@@ -71,9 +73,6 @@ def run_search(problems: Sequence[Problem], runners: Mapping[str, AgentRunner], 
     (``strategy: independent``). ``progress`` is told
     ``(nodes built, nodes in all)`` as nodes are built; ``on_tree(problem id, rows)`` as a problem's nodes are
     finished."""
-    from mars2.search.sampling import run_independent_sampling
-    from mars2.search.scheduler import SIGNALS, run_tree_search
-
     signal = SIGNALS[search.score]
     if search.strategy == "independent":
         return run_independent_sampling(problems, runners, n_samples=search.n_samples, sampling=sampling, grade=grade,
@@ -92,8 +91,6 @@ def resumable_search(problems: Sequence[Problem], runners: Mapping[str, AgentRun
     is finished; returns every problem's nodes, in problem order: the trees made now and those read back are joined
     as Arrow tables and converted once, so a resumed run's table is the one an uninterrupted run makes."""
     import pyarrow as pa
-
-    from mars2.search.scheduler import NODE_COLUMNS
 
     kept = journal.finished_tables(part)
     todo = [p for p in problems if p.id not in kept]

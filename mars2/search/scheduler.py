@@ -8,9 +8,9 @@ grading overlaps generation. The only ordering is within a tree, so with per-req
 (``request_seed(run seed, problem, node index)``) a tree's history does not depend on timing or on the other trees.
 
 ``expansions_per_wave`` = k asks k expansions of a tree before telling their scores (TreeQuest's ``ask_batch``):
-k = 1 asks after every score, as the strategy is written. A backend without ``submit`` (one call per batch: a cold vLLM worker, a test's
-recorder) gets its requests in one ``generate`` call whenever nothing else is in flight, which is the wave schedule
-of a static batch; the trees are the same either way.
+k = 1 asks after every score, as the strategy is written. A backend without ``submit`` (one call per batch: a cold
+vLLM worker, a test's recorder) gets its requests in one ``generate`` call whenever nothing else is in flight, which
+is the wave schedule of a static batch; the trees are the same either way.
 """
 
 from __future__ import annotations

@@ -326,8 +326,8 @@ def case_rows(cases: Sequence[tuple[Problem, str | None, Any]]) -> list[dict[str
     return [{"problem_id": p.id, "code": code, "status": v.status} for p, code, v in cases]
 
 
-def warm_start_owner(out: Path, name: str, bootstrap: BootstrapConfig, roles: Sequence[str], init_model: str, tokenizer: str,
-                     train: Sequence[Problem], references: Mapping[str, str], wrong: Mapping | None,
+def warm_start_owner(out: Path, name: str, bootstrap: BootstrapConfig, roles: Sequence[str], init_model: str,
+                     tokenizer: str, train: Sequence[Problem], references: Mapping[str, str], wrong: Mapping | None,
                      grade: Callable) -> dict:
     """Fine-tune the initial weights of owner ``name`` on its data mix: generate examples, and refine examples of
     faulty variants and of the wrong readings ``wrong`` (graded with ``grade``, the search's public-test grader in
