@@ -8,13 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "tests"):  # the project's packages, and flowenv.py
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from flowenv import flow_env, stop_server  # noqa: E402
 from pipeline.runtime import configure_process  # noqa: E402
+from tests.flowenv import flow_env, stop_server  # noqa: E402
+from tests.paths import FIXTURES, ROOT  # noqa: E402
 
 configure_process()  # what every entry point does first (tests import stages without one)
 
@@ -64,7 +60,7 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
 def paper_data(monkeypatch) -> list[str]:
     """The real-model presets' data (DeepCoder records + LCB v6) pointed at the small fixture copies; returns the
     override the fixture's three LCB release files need."""
-    fixtures = Path(__file__).resolve().parent / "fixtures"
+    fixtures = FIXTURES
     monkeypatch.setenv("MARS2_DEEPCODER_PATH", str(fixtures / "deepcoder" / "train.jsonl"))
     monkeypatch.setenv("MARS2_LCB_PATH", str(fixtures / "lcb"))
     return ["data.eval_release=release_v3"]
@@ -78,8 +74,7 @@ def run_flow_cli(tmp_path):
 
     def run(script: str, *overrides: str, timeout: int = 900):
         env = flow_env(tmp_path)
-        root = Path(__file__).resolve().parents[1]
-        return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=root, env=env,
+        return subprocess.run([sys.executable, f"flows/{script}", *overrides], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout)
 
     return run
@@ -89,10 +84,13 @@ def run_flow_cli(tmp_path):
 # most tests first: a file of one long test then started last and ran alone at the end. Here the files go out longest
 # first (file times measured with --durations=0, the README's group and the slow group's interleaved), the rest in
 # collection order.
-LONGEST_FIRST = ("test_deploy.py", "test_resume.py", "test_evaluate_flow.py", "test_engine.py", "test_flow_e2e.py",
-                 "test_sandbox_hostile.py", "test_update.py", "test_flow_paradigms.py", "test_study.py",
-                 "test_engine_nodes.py", "test_update_scale.py", "test_plan.py", "test_flow_reuse.py", "test_benches.py",
-                 "test_sandbox_lcb.py", "test_tracking.py", "test_config.py")
+LONGEST_FIRST = ("flows/test_deploy.py", "flows/test_train_cycle_resume.py", "flows/test_evaluate.py",
+                 "mars2/backends/test_engine.py", "flows/test_train_cycle.py", "mars2/sandbox/test_pool_hostile.py",
+                 "mars2/train/test_update.py", "flows/test_train_cycle_paradigms.py", "flows/test_study.py",
+                 "stagekit/test_engines_on_nodes.py", "mars2/train/test_update_scale.py", "mars2/plan/test_planner.py",
+                 "flows/test_train_cycle_reuse.py", "bench/test_refine_skill.py", "bench/test_rollout.py",
+                 "mars2/sandbox/test_lcb_reference.py", "pipeline/test_tracking.py", "pipeline/test_config.py")
+
 
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
@@ -106,4 +104,5 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    tests = Path(__file__).resolve().parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))

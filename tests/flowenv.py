@@ -2,8 +2,8 @@
 
 With no ``PREFECT_API_URL`` every flow process starts Prefect's temporary server and stops it when it ends: ~8 s
 of a flow run's ~25 s when everything comes from cache (server import, start-up, health wait). The README's
-default path keeps exactly that, and the tests of it (``test_flow_e2e.py``, the SIGTERM test) still start flows
-that way (``embedded=True``). Every other flow a test starts talks to one ``prefect server start`` per test
+default path keeps exactly that, and the tests of it (``tests/flows/test_train_cycle.py``, the SIGTERM test) still
+start flows that way (``embedded=True``). Every other flow a test starts talks to one ``prefect server start`` per test
 process, started on first use and stopped at the end of the session (``conftest.py``), as a team's flows talk
 to the stack's server. Stage caches live in each run folder, never in the server, so tests still share nothing
 but run history.

@@ -1,13 +1,16 @@
 """The project's packages are layers, each importing only those below it, and no module imports itself round a circle:
 ``mars2`` (the library) < ``stagekit`` (what a stage is built with) < ``tasks`` (the stages) < ``pipeline`` (what wires
-them into flows) < ``flows`` (the entry points). Every import counts, also one inside a function."""
+them into flows) < ``flows`` (the entry points). Every import counts, also one inside a function. And the tests mirror
+the code: each test file's path names what it checks (``tests/affected.py``)."""
 
 import ast
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import affected
+from tests.paths import ROOT
+
 LAYERS = ("mars2", "stagekit", "tasks", "pipeline", "flows")
 
 
@@ -117,3 +120,42 @@ def test_every_layers_warnings_reach_the_prefect_runs_logs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_LOGGING_EXTRA_LOGGERS"} | {"MARS2_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert set(out.stdout.split()[-1].split(",")) == set(LAYERS) - {"flows"}, out.stderr
+
+
+def test_each_test_file_names_the_code_it_checks():
+    unnamed = [f.relative_to(ROOT).as_posix() for f in affected.test_files()
+               if affected.code_of(f) is None and not (f.parent == affected.TESTS and f.name in affected.REPO_WIDE)]
+    assert not unnamed, f"rename or move each to tests/<folder>/test_<module>[_<topic>].py: {unnamed}"
+    assert len(affected.test_files()) > 60
+
+
+def test_a_change_finds_its_tests_by_its_path():
+    wide = {Path("tests/test_layers.py"), Path("tests/test_purity.py")}
+    search = set(affected.tests_of("mars2/search/ab_mcts.py")) - wide
+    assert search == {Path("tests/mars2/search/test_ab_mcts.py"),
+                      Path("tests/mars2/search/test_ab_mcts_vs_treequest.py")}
+    assert Path("tests/flows/test_train_cycle_resume.py") in affected.tests_of("flows/train_cycle.py")
+    assert Path("tests/flows/test_train_cycle_reuse.py") in affected.tests_of("flows/train_cycle.py")
+    assert Path("tests/flows/test_study.py") not in affected.tests_of("flows/train_cycle.py")
+    assert set(affected.tests_of("conf/agents/known_team.yaml")) - wide == {Path("tests/conf/test_agents.py")}
+    assert set(affected.tests_of("docker-compose.yml")) - wide == {Path("tests/test_docker_compose.py")}
+    # a module without a test file of its own: the tests of the deepest mirrored folder that has some
+    zygote = set(affected.tests_of("mars2/sandbox/runner/zygote.py")) - wide
+    assert Path("tests/mars2/sandbox/test_pool_hostile.py") in zygote
+    assert all(t.parent == Path("tests/mars2/sandbox") for t in zygote)
+    assert affected.tests_of("tests/mars2/rl/test_losses.py") == [Path("tests/mars2/rl/test_losses.py")]
+    assert affected.tests_of("tests/conftest.py") == affected.tests_of("pyproject.toml") == [Path("tests")]
+    assert affected.tests_of("docs/sandbox.md") == sorted(wide)
+
+
+def test_the_mirror_rule_refuses_a_test_file_that_names_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(affected, "TESTS", tmp_path / "tests")
+    monkeypatch.setattr(affected, "ROOT", tmp_path)
+    (tmp_path / "tests" / "pkg").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("")
+    for name in ("test_model.py", "test_model_topic.py", "test_modelling.py", "test_other.py"):
+        (tmp_path / "tests" / "pkg" / name).write_text("")
+    named = {f.name: affected.code_of(f) for f in affected.test_files()}
+    assert named == {"test_model.py": Path("pkg/model.py"), "test_model_topic.py": Path("pkg/model.py"),
+                     "test_modelling.py": None, "test_other.py": None}

@@ -6,11 +6,12 @@ import os
 import json
 import subprocess
 import sys
-from pathlib import Path
+
+from tests.paths import ROOT
 
 FORBIDDEN = ("prefect", "mlflow", "hydra", "omegaconf")
 PROGRESS_BARS = ("tqdm",)  # the library reports progress through callbacks; the pipeline draws the display
-LIB = Path(__file__).resolve().parents[1] / "mars2"
+LIB = ROOT / "mars2"
 
 
 def test_no_forbidden_import_statement_in_mars2():
@@ -67,7 +68,7 @@ def test_importing_tasks_or_pipeline_changes_nothing_in_the_process():
             "stagekit.runners; print(dict(os.environ) == env and list(warnings.filters) == filters)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_", "TRANSFORMERS_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=ROOT)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
@@ -76,5 +77,5 @@ def test_tasks_holds_the_stages_and_nothing_else():
     in stagekit/ (below), what wires them into flows in pipeline/ (above)."""
     from pipeline.dispatch import ALL
 
-    modules = {p.stem for p in (Path(__file__).resolve().parents[1] / "tasks").glob("*.py")} - {"__init__"}
+    modules = {p.stem for p in (ROOT / "tasks").glob("*.py")} - {"__init__"}
     assert modules == {fn.__module__.removeprefix("tasks.") for fn in ALL.values()}

@@ -2,7 +2,7 @@
 
 Runs inside the GPU worker's vLLM environment (``$MARS2_VLLM_PYTHON -m mars2.backends.engine_server``, with an
 engine spec of kind "vllm"); nothing here is imported by the pipeline's own environment. Tested at its boundary
-with a stand-in ``vllm`` package (``tests/test_vllm_boundary.py``); the calls are those of vLLM 0.16–0.33:
+with a stand-in ``vllm`` package (``tests/mars2/backends/test_vllm_backend.py``); the calls are those of vLLM 0.16–0.33:
 
 - start: ``AsyncLLM.from_engine_args(AsyncEngineArgs(**engine, logprobs_mode="processed_logprobs",
   enable_sleep_mode=True))`` (vLLM refuses ``sleep`` without it);

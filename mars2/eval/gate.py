@@ -13,7 +13,8 @@ i.i.d. sampling and no multi-agent study can show cross-agent error correction. 
 The baseline never supplies a parent. Were the parents drawn from the baseline's own programs, a problem would enter
 the gate only when the baseline failed on it and a self-refiner's own failure would sit in its baseline: under a null
 where refining is exactly as good as a fresh sample, Δ would come out biased (self-refinement up, cross-agent
-refinement down) and a set would "hold" falsely several times its nominal rate (tests/test_gate_calibration.py).
+refinement down) and a set would "hold" falsely several times its nominal rate
+(tests/mars2/eval/test_gate_calibration.py).
 
 Success is the reward r ∈ {0, 1} (all hidden tests pass), graded after generation. A refine attempt j by agent A on
 problem p is matched with A's fresh success rate on p, f_A(p) = mean_i r(fresh_{A,p,i}). For a set J of attempts
