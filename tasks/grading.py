@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pandas as pd
 
 from mars2.config import GradingConfig
-from mars2.data.checks import has_check_tests
 from mars2.data.tables import problems_from_frame
 from mars2.io import write_parquet
 from mars2.journal import CHUNK, Journal, in_chunks
@@ -39,11 +37,6 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
         rows = pd.read_parquet(samples.path("trees.parquet"), columns=columns)
         problems = problems_by_id(dataset, "train.parquet")
         sandbox = ctx.grading(grading)
-        checked = sum(has_check_tests(problems[pid].hidden_tests) for pid in rows["problem_id"])
-        if checked:
-            logging.getLogger(__name__).warning(
-                "grading: %d programs are rewarded by in-process checks (HumanEval-style), which a program can pass "
-                "without solving (docs/data.md): a reward to train on only with models you trust", checked)
 
         def chunk(part: pd.DataFrame, progress) -> pd.DataFrame:
             verdicts = hidden_test_verdicts(part, problems, sandbox, progress=progress)
@@ -58,7 +51,7 @@ def grade(ctx: StageContext, grading: GradingConfig, samples: StageRecord, datas
         write_parquet(out / "verdicts.parquet", verdicts)
         return {"metrics": {**verdict_metrics(verdicts), "program_seconds_mean": float(times.mean()) if len(times) else 0.0,
                             "program_seconds_max": float(times.max()) if len(times) else 0.0,
-                            "graded_on_public_tests": public_only, "rewarded_by_checks": checked},
+                            "graded_on_public_tests": public_only},
                 "meta": {"resumed": note} if note else {}}
 
     return run_declared(DECLARATION, ctx, current_parameters(), produce, journaled=True)

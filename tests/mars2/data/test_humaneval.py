@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from mars2.data import TestCase as Case
 from mars2.data.checks import PASS_MARKER, check_test
 from mars2.sandbox import GradeJob, TestDataError, grade_many, grade_program
 from tests.paths import FIXTURES
+from tests.sandboxes import LEVELS, sandbox_pool
 
 MINI = FIXTURES / "humaneval_mini.jsonl"
 
@@ -138,11 +140,10 @@ def test_humaneval_canonical_solutions_pass_164_of_164(humaneval):
     assert public_failed == {"HumanEval/47": (1, 2)}
 
 
-def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, tmp_path):
-    """A check runs in the candidate's own process with the hidden asserts on stdin, so a policy can learn to pass it
-    without solving (docs/data.md): the grading stage counts such rewards (``rewarded_by_checks``) and warns."""
-    import logging
-
+def test_the_grading_stage_rewards_a_check_only_when_the_candidate_solves_it(mini, tmp_path):
+    """The real grading stage on HumanEval-style problems: the check runs in a process of its own, so a program that
+    solves the problem is rewarded, and one that reads the check's spec (what passed in the candidate's own process
+    before) or returns an object equal to anything is not."""
     import pandas as pd
 
     from mars2.data.tables import problems_to_frame
@@ -152,21 +153,18 @@ def test_the_grading_stage_says_when_rewards_come_from_in_process_checks(mini, t
     problems, _, _ = mini
     (tmp_path / "data").mkdir()
     problems_to_frame(list(problems.values())).to_parquet(tmp_path / "data" / "train.parquet")
-    pd.DataFrame({"problem_id": ["Mini/0", "Mini/1"], "node_id": [0, 0], "agent": ["a", "a"],
-                  "action": ["generate", "generate"], "parent_agent": [None, None],
-                  "code": ["def half(x):\n    return x / 2\n", None]}).to_parquet(tmp_path / "trees.parquet")
+    codes = ["def half(x):\n    return x / 2\n", None, FORGERIES["spec_rewritten"].replace("add", "half"),
+             FORGERIES["equal_to_anything"].replace("add(a, b)", "half(x)")]
+    pd.DataFrame({"problem_id": ["Mini/0", "Mini/1", "Mini/0", "Mini/0"], "node_id": [0, 0, 1, 2],
+                  "agent": ["a"] * 4, "action": ["generate"] * 4, "parent_agent": [None] * 4,
+                  "code": codes}).to_parquet(tmp_path / "trees.parquet")
     dataset = StageRecord(stage="data", key="d", dir=str(tmp_path / "data"), files={"train.parquet": "x"})
     trees = StageRecord(stage="rollout", key="r", dir=str(tmp_path), files={"trees.parquet": "x"})
-    said, handler = [], logging.Handler(logging.WARNING)
-    handler.emit = said.append  # whatever handlers the process set up for the stage's logger (Prefect's, pytest's)
-    logging.getLogger("tasks.grading").addHandler(handler)
-    try:
-        record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2),
-                                       trees, dataset, 0)
-    finally:
-        logging.getLogger("tasks.grading").removeHandler(handler)
-    assert record.metrics["rewarded_by_checks"] == 2 and record.metrics["pass_rate"] == 0.5
-    assert any("2 programs are rewarded by in-process checks" in r.getMessage() for r in said)
+    record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2),
+                                   trees, dataset, 0)
+    verdicts = pd.read_parquet(Path(record.dir) / "verdicts.parquet").sort_values(["problem_id", "node_id"])
+    assert verdicts["status"].tolist() == ["AC", "RE", "RE", "NO_CODE"], verdicts  # the forgeries fail inside
+    assert record.metrics["pass_rate"] == 0.25
 
 
 FORGERIES = {
@@ -176,16 +174,93 @@ FORGERIES = {
                     "for m in re.finditer(r'candidate\\((.*?)\\) == (.*)', __main__._m2_spec['test']):\n"
                     "    _seen[m.group(1).replace(' ', '')] = eval(m.group(2))\n"
                     "def add(a, b):\n    return _seen[f'{a},{b}']\n",
+    "equal_to_anything": "class _Yes:\n    def __eq__(self, other):\n        return True\n"
+                         "def add(a, b):\n    return _Yes()\n",
+    "check_memory_read": "import os, re\n_seen = {}\n"
+                         "for _pid in ('self', os.getppid()):\n"
+                         "  try:\n    _mem = open(f'/proc/{_pid}/mem', 'rb')\n"
+                         "    for _line in open(f'/proc/{_pid}/maps'):\n"
+                         "        _lo, _hi = (int(x, 16) for x in _line.split()[0].split('-'))\n"
+                         "        try:\n            _mem.seek(_lo); _blob = _mem.read(_hi - _lo)\n"
+                         "        except (OSError, OverflowError, ValueError):\n            continue\n"
+                         "        for m in re.finditer(rb'candidate\\((\\d+), ?(-?\\d+)\\) == (-?\\d+)', _blob):\n"
+                         "            _seen[(int(m.group(1)), int(m.group(2)))] = int(m.group(3))\n"
+                         "  except OSError:\n    pass\n"
+                         "def add(a, b):\n    return _seen[(a, b)]\n",
+    "marker_on_any_descriptor": "import os\n"
+                                "for _path in [f'/proc/{os.getppid()}/fd/1', '/proc/self/fd/1']:\n"
+                                "    try:\n        _fd = os.open(_path, os.O_WRONLY)\n"
+                                f"        os.write(_fd, b'{PASS_MARKER}\\n')\n"
+                                "    except OSError:\n        pass\n"
+                                "for _fd in range(64):\n    try:\n"
+                                f"        os.write(_fd, b'{PASS_MARKER}\\n')\n"
+                                "    except OSError:\n        pass\n"
+                                "def add(a, b):\n    return 0\n",
 }
 
 
-@pytest.mark.xfail(strict=True, reason="open (#50, sixth adversarial review): the check runs in the candidate's own "
-                                       "process with the hidden asserts on stdin (docs/data.md)")
+ADD_PRELUDE = 'def add(a, b):\n    """Return a + b."""\n'
+ADD_CHECK = check_test(ADD_PRELUDE, "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+                                    "    assert candidate(10, -4) == 6\n", "add")
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def level_pool(request):
+    pool = sandbox_pool(request.param)
+    yield request.param, pool
+    pool.close()
+
+
+def grade_at(pool, code: str):
+    return grade_many([job(code, [ADD_CHECK], "add")], grading=GradingConfig(time_limit_s=5), pool=pool)[0]
+
+
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
-def test_a_candidate_cannot_pass_a_check_without_solving(forgery):
-    """A candidate that rewrites the driver's spec so the check does nothing, or reads the hidden asserts from it and
-    returns what they expect, must not pass. Strict xfail until the checks run where a candidate cannot reach them."""
-    prelude = 'def add(a, b):\n    """Return a + b."""\n'
-    test = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n"
-    verdict = grade_one(FORGERIES[forgery], [check_test(prelude, test, "add")])
+def test_a_candidate_cannot_pass_a_check_without_solving(level_pool, forgery):
+    """A candidate that rewrites the driver's spec so the check does nothing, reads the hidden asserts from it or from
+    the check's memory and returns what they expect, returns an object equal to anything, or writes the pass marker
+    on every descriptor it can reach, must not pass: the check runs in a process the candidate cannot read or write."""
+    verdict = grade_at(level_pool[1], FORGERIES[forgery])
     assert not verdict.all_passed, verdict
+
+
+def test_an_honest_candidate_passes_where_a_test_may_start_a_process(level_pool):
+    """The candidate runs in a process the check starts; where the level lets no test start one (the process level
+    without a uid of the sandbox's own), a check test is a runtime error that says why, never a reward."""
+    level, pool = level_pool
+    verdict = grade_at(pool, "def add(a, b):\n    return a + b\n")
+    if level == "process-shared-uid":
+        assert verdict.status == "RE" and "check tests cannot run here" in verdict.detail, verdict
+    else:
+        assert verdict.status == "AC", verdict
+
+
+def test_values_cross_between_check_and_candidate_as_plain_values_only():
+    """The codec both sides of a check hold: what a check passes or a candidate returns comes back equal and of the
+    same type (NaN as NaN, -0.0 with its sign, True not 1); anything else is refused on the way out, and decoding
+    builds nothing but plain values."""
+    import math
+
+    from mars2.data.checks import CODEC
+
+    codec: dict = {}
+    exec(CODEC, codec)
+    enc, dec = codec["_m2_enc"], codec["_m2_dec"]
+    values = [None, True, 0, -(10 ** 40), 1.5, -0.0, float("inf"), "é\n", b"\x00\xff", 2 - 3j, [1, [2.0]],
+              (1, ("a", None)), {(1, 2): [3], "k": {4}}, frozenset({5, 6}), set(), {}]
+    for value in values:
+        back = dec(json.loads(json.dumps(enc(value))))
+        assert back == value and type(back) is type(value), value
+    assert math.copysign(1, dec(json.loads(json.dumps(enc(-0.0))))) == -1
+    assert math.isnan(dec(json.loads(json.dumps(enc(float("nan"))))))
+    assert dec(enc([True, 1])) == [True, 1] and [type(x) for x in dec(enc([True, 1]))] == [bool, int]
+
+    class Yes:
+        def __eq__(self, other):
+            return True
+
+    for bad in (Yes(), print, iter([1]), [Yes()]):
+        with pytest.raises(TypeError, match="cannot pass between the check and the candidate"):
+            enc(bad)
+    with pytest.raises(ValueError, match="unknown tag"):
+        dec({"o": "os.system"})
