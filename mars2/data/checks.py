@@ -42,7 +42,8 @@ from collections.abc import Sequence
 
 from mars2.data.schema import CHECK, ProblemRowError, TestCase
 
-__all__ = ["CHECK", "CODEC", "DRIVER", "PASS_MARKER", "SERVER", "check_test", "gradable", "has_check_tests", "wrap_program"]
+__all__ = ["CHECK", "CODEC", "DRIVER", "PASS_MARKER", "SERVER", "check_test", "gradable", "has_check_tests",
+           "wrap_program"]
 
 #: What the driver prints when the check program passed.
 PASS_MARKER = "MARS2 CHECK PASSED"

@@ -451,7 +451,8 @@ class Slot:
         runs: queue.SimpleQueue = queue.SimpleQueue()
         held = self.pool.held
         halt = threading.Event()
-        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt),
+        meter = SlotCpuMeter(self.cgroup, header.get("zygote_cpu_s"))
+        pacer = threading.Thread(target=self._pace, args=(chan, limits, inputs, stop_after, runs, held, halt, meter),
                                  name=f"mars2-sandbox-slot{self.index}", daemon=True)
         pacer.start()
         ran = 0
@@ -472,7 +473,7 @@ class Slot:
         return ran
 
     def _pace(self, chan: _Channel, limits: Limits, inputs: list[bytes], stop_after: Callable[[TestRun], bool],
-              runs: queue.SimpleQueue, held: HeldOutputs, halt: threading.Event) -> None:
+              runs: queue.SimpleQueue, held: HeldOutputs, halt: threading.Event, meter: SlotCpuMeter) -> None:
         """Feed the program its tests one after the other, each as soon as the previous one's run is back (or end
         it after a run ``stop_after`` stops at), and hand each run to the calling thread through ``runs`` (None at
         the end, or the exception that ended it). Never waits for the caller: how fast the grader judges, and how
@@ -488,8 +489,14 @@ class Slot:
                     status, error = "MLE", f"killed by the out-of-memory killer (memory cgroup); {error}"
                 if status == "SETUP":  # the zygote's own finding: the test process never reached the program
                     raise SandboxError(f"a test process could not be confined: {error}")
-                run = TestRun(status=status, output=b"", error=error, cpu_s=float(header.get("cpu_s", 0.0)),
-                              wall_s=float(header.get("wall_s", 0.0)))
+                cpu = float(header.get("cpu_s", 0.0))
+                slot_cpu = meter.test_cpu_s(header.get("zygote_cpu_s"))
+                if slot_cpu is not None and slot_cpu > cpu:  # processes the zygote could not see (kernel-reaped)
+                    cpu = slot_cpu
+                    if status == "ok" and cpu > limits.time_s:
+                        status, error = "TLE", (f"CPU time limit ({limits.time_s:g} s; the test's processes used "
+                                                f"{cpu:.2f} s, the slot's cgroup counts)")
+                run = TestRun(status=status, output=b"", error=error, cpu_s=cpu, wall_s=float(header.get("wall_s", 0.0)))
                 last = stop_after(run) or index + 1 == len(inputs) or halt.is_set()
                 if last:
                     chan.send({"op": "end"})  # no reply: the zygote cleans up while we compare
@@ -501,6 +508,27 @@ class Slot:
             runs.put(None)
         except BaseException as e:  # noqa: BLE001 - handed to the judging thread, which raises it
             runs.put(e if not halt.is_set() else None)
+
+
+class SlotCpuMeter:
+    """A test's CPU as the slot's cgroup counts it: everything every process of the slot spent between the reply
+    before the test and the test's own, less what the zygote itself spent (it says so in each reply). Unlike the
+    zygote's ``wait4`` and ``/proc`` readings this includes processes nobody in the sandbox reaped (a program that
+    ignores SIGCHLD has its exited children reaped by the kernel). The pool sends one test at a time, so the span
+    holds one test. None without a cgroup that counts CPU."""
+
+    def __init__(self, cgroup: isolation.SlotCgroup | None, zygote_cpu_s: float | None) -> None:
+        self.cgroup = cgroup
+        self.slot = cgroup.cpu_s() if cgroup is not None else None
+        self.zygote = zygote_cpu_s
+
+    def test_cpu_s(self, zygote_cpu_s: float | None) -> float | None:
+        slot = self.cgroup.cpu_s() if self.cgroup is not None else None
+        spent = None
+        if None not in (slot, self.slot, zygote_cpu_s, self.zygote):
+            spent = max(0.0, (slot - self.slot) - (float(zygote_cpu_s) - float(self.zygote)))
+        self.slot, self.zygote = slot, zygote_cpu_s
+        return spent
 
 
 class HeldOutputs:

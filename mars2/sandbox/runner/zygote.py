@@ -231,7 +231,7 @@ class Zygote:
         elif program["parity"] == "lcb":
             self._load_lcb()
         self.program = program
-        write_frame(self.ctl_out, {"op": "compiled", "status": "ok"})
+        write_frame(self.ctl_out, {"op": "compiled", "status": "ok", "zygote_cpu_s": time.process_time()})
 
     def on_test(self, header, payload):
         program = self.program
@@ -246,6 +246,7 @@ class Zygote:
             reply, out = self.test_session(program, payload, self._script_session_child)
         reply["op"] = "result"
         reply["index"] = header.get("index")
+        reply["zygote_cpu_s"] = time.process_time()  # the grader takes our own CPU out of the slot's (cgroup)
         write_frame(self.ctl_out, reply, out)
 
     def on_end(self):
