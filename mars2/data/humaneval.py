@@ -106,13 +106,15 @@ def problem_from_humaneval(row: dict[str, Any]) -> Problem:
     if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in _parse(tid, "test", test).body):
         raise _err(tid, "test", "defines no check(candidate) function")
     docstring = ast.get_docstring(funcs[entry]) or ""
-    public = tuple(check_test(prompt, check, entry) for check in _doctest_checks(docstring, entry))
+    reference = row.get("canonical_solution") if isinstance(row.get("canonical_solution"), str) else None
+    reference = reference if reference and reference.strip() else None
+    public = tuple(check_test(prompt, check, entry, reference) for check in _doctest_checks(docstring, entry))
     return Problem(
         id=tid,
         title=entry,
         statement=docstring.strip() or prompt,
         public_tests=public,
-        hidden_tests=(check_test(prompt, test, entry),),
+        hidden_tests=(check_test(prompt, test, entry, reference),),
         testtype="functional",
         func_name=entry,
         starter_code=prompt,

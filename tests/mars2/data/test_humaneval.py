@@ -44,7 +44,7 @@ def test_records_convert_to_functional_problems_with_check_tests(mini):
     (hidden,) = half.hidden_tests
     assert hidden.testtype == "check" and hidden.output == PASS_MARKER
     assert json.loads(hidden.input) == {"prelude": rows["Mini/0"]["prompt"], "test": rows["Mini/0"]["test"],
-                                        "entry_point": "half"}
+                                        "entry_point": "half", "reference": rows["Mini/0"]["canonical_solution"]}
     (public,) = half.public_tests  # from the docstring's doctest example
     assert json.loads(public.input)["test"] == "def check(candidate):\n    assert candidate(3.0) == 1.5\n"
     assert problems["Mini/1"].public_tests == ()  # no doctest examples
@@ -200,8 +200,10 @@ FORGERIES = {
 
 
 ADD_PRELUDE = 'def add(a, b):\n    """Return a + b."""\n'
-ADD_CHECK = check_test(ADD_PRELUDE, "def check(candidate):\n    assert candidate(2, 3) == 5\n"
-                                    "    assert candidate(10, -4) == 6\n", "add")
+ADD_TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n"
+# with the reference solution the candidate answers every call at once; without, one by one as the check asks
+ADD_CHECKS = {"batch": check_test(ADD_PRELUDE, ADD_TEST, "add", "    return a + b\n"),
+              "interactive": check_test(ADD_PRELUDE, ADD_TEST, "add")}
 
 
 @pytest.fixture(scope="module", params=LEVELS)
@@ -211,28 +213,60 @@ def level_pool(request):
     pool.close()
 
 
-def grade_at(pool, code: str):
-    return grade_many([job(code, [ADD_CHECK], "add")], grading=GradingConfig(time_limit_s=5), pool=pool)[0]
+def grade_at(pool, code: str, mode: str = "batch", time_limit_s: float = 5):
+    return grade_many([job(code, [ADD_CHECKS[mode]], "add")], grading=GradingConfig(time_limit_s=time_limit_s),
+                      pool=pool)[0]
 
 
+@pytest.mark.parametrize("mode", sorted(ADD_CHECKS))
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
-def test_a_candidate_cannot_pass_a_check_without_solving(level_pool, forgery):
+def test_a_candidate_cannot_pass_a_check_without_solving(level_pool, forgery, mode):
     """A candidate that rewrites the driver's spec so the check does nothing, reads the hidden asserts from it or from
     the check's memory and returns what they expect, returns an object equal to anything, or writes the pass marker
     on every descriptor it can reach, must not pass: the check runs in a process the candidate cannot read or write."""
-    verdict = grade_at(level_pool[1], FORGERIES[forgery])
+    verdict = grade_at(level_pool[1], FORGERIES[forgery], mode)
     assert not verdict.all_passed, verdict
+
+
+# wrong or right at the first call, then 5 s of CPU if a second call ever comes
+SECOND_CALL_SPINS = """
+import time
+calls = []
+def add(a, b):
+    calls.append((a, b))
+    if len(calls) > 1:
+        end = time.process_time() + 5
+        while time.process_time() < end:
+            pass
+    return a + b + ({wrong})
+"""
+
+
+def test_what_the_candidate_is_given_does_not_depend_on_how_its_answers_were_judged(level_pool):
+    """A candidate that answers the check's calls as the check makes them learns that an answer passed when the
+    next call comes (a seventh adversarial review carried that across programs through the page cache and passed
+    hidden checks it never solved). With the reference solution's calls given all at once, and judged only once the
+    candidate's process is gone, a wrong first answer and a right one both get the second call (both spin: TLE);
+    answered one by one, only the right one does."""
+    level, pool = level_pool
+    outcome = {mode: [grade_at(pool, SECOND_CALL_SPINS.format(wrong=w), mode, time_limit_s=0.5).status
+                      for w in (1, 0)] for mode in ADD_CHECKS}
+    if level == "process-shared-uid":  # no check test runs here (no process creation): nothing to learn either
+        assert outcome == {"batch": ["RE", "RE"], "interactive": ["RE", "RE"]}, outcome
+    else:
+        assert outcome == {"batch": ["TLE", "TLE"], "interactive": ["WA", "TLE"]}, outcome
 
 
 def test_an_honest_candidate_passes_where_a_test_may_start_a_process(level_pool):
     """The candidate runs in a process the check starts; where the level lets no test start one (the process level
     without a uid of the sandbox's own), a check test is a runtime error that says why, never a reward."""
     level, pool = level_pool
-    verdict = grade_at(pool, "def add(a, b):\n    return a + b\n")
-    if level == "process-shared-uid":
-        assert verdict.status == "RE" and "check tests cannot run here" in verdict.detail, verdict
-    else:
-        assert verdict.status == "AC", verdict
+    for mode in ADD_CHECKS:
+        verdict = grade_at(pool, "def add(a, b):\n    return a + b\n", mode)
+        if level == "process-shared-uid":
+            assert verdict.status == "RE" and "check tests cannot run here" in verdict.detail, verdict
+        else:
+            assert verdict.status == "AC", verdict
 
 
 def test_values_cross_between_check_and_candidate_as_plain_values_only():
