@@ -19,7 +19,8 @@ such problems *faithfully* with :mod:`mars2.sandbox` (whose API knows only stdin
   entry point is a proxy; arguments and return values cross as :data:`CODEC` JSON, which decodes to plain values
   only. With a reference solution in the spec (HumanEval's canonical one) the driver first runs the check on the
   reference, recording the calls it makes; the candidate's process gets them all at once, answers them all and is
-  killed; only then does the check run on those answers (a call that is not the recorded one fails the check). So
+  killed with everything it started; only then does the check run on those answers (a call that is not the
+  recorded one fails the check). So
   nothing the candidate sees depends on how its answers were judged. Without a reference each call goes to the
   candidate as the check makes it, and the next call tells the candidate that its previous answer passed. Random
   draws are seeded, the same in both runs; what the prompt or the check prints is swallowed;
@@ -190,9 +191,11 @@ import contextlib as _m2_contextlib
 import ctypes as _m2_ctypes
 import io as _m2_io
 import os as _m2_os
+import posix as _m2_posix  # fork and kill through posix: parity=lcb's reliability_guard sets os.fork and os.kill to None
 import random as _m2_random
 import signal as _m2_signal
 import sys as _m2_sys
+import time as _m2_time
 import traceback as _m2_traceback
 """ + CODEC + LOADER + """
 _m2_candidate = __M2_CANDIDATE__
@@ -200,6 +203,7 @@ _m2_SERVER = __M2_SERVER__
 
 
 _m2_server = []  # the candidate's process, until it is reaped
+_m2_STOPS = (StopIteration, StopAsyncIteration)
 
 
 class _M2Exit(Exception):
@@ -215,12 +219,14 @@ class _M2Diverged(Exception):
 
 
 def _m2_start():
-    # not dumpable: the candidate, under the same uid, cannot read this process's memory or descriptors in /proc
-    if _m2_ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
-        raise _M2Refused("prctl(PR_SET_DUMPABLE) failed")
+    # not dumpable: the candidate, under the same uid, cannot read this process's memory or descriptors in /proc;
+    # a child subreaper: whatever the candidate detaches comes back under this process
+    libc = _m2_ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(36, 1, 0, 0, 0) != 0:
+        raise _M2Refused("prctl(PR_SET_DUMPABLE / PR_SET_CHILD_SUBREAPER) failed")
     calls, answers = _m2_os.pipe(), _m2_os.pipe()
     try:
-        pid = _m2_os.fork()
+        pid = _m2_posix.fork()
     except OSError as exc:
         raise _M2Refused("this isolation level lets no test start a process (%s)" % exc) from None
     if pid == 0:
@@ -252,7 +258,7 @@ def _m2_read(answers):
     _, status = _m2_os.waitpid(_m2_server.pop(), 0)
     if _m2_os.WIFSIGNALED(status):
         _m2_signal.signal(_m2_os.WTERMSIG(status), _m2_signal.SIG_DFL)
-        _m2_os.kill(_m2_os.getpid(), _m2_os.WTERMSIG(status))
+        _m2_posix.kill(_m2_os.getpid(), _m2_os.WTERMSIG(status))
     return {"error": "RuntimeError", "trace": "",
             "message": "the candidate's process ended without an answer (exit status %d)"
                        % _m2_os.waitstatus_to_exitcode(status)}
@@ -263,21 +269,55 @@ def _m2_result(answer):
         raise _M2Exit(answer["exit"])
     if "error" in answer:
         kind = getattr(_m2_builtins, str(answer["error"]), None)
-        if not (isinstance(kind, type) and issubclass(kind, Exception)):
-            kind = RuntimeError
+        if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(kind, _m2_STOPS):
+            kind = RuntimeError  # a StopIteration would end the check's loop early, as in a generator (PEP 479)
         exc = kind(str(answer["message"]))
         exc.m2_trace = str(answer.get("trace", ""))
         raise exc
     return _m2_dec(answer["value"])
 
 
-def _m2_end_candidate():
-    for pid in _m2_server:
+def _m2_descendants():
+    found, todo = set(), [_m2_os.getpid()]
+    while todo:
+        pid = todo.pop()
         try:
-            _m2_os.kill(pid, _m2_signal.SIGKILL)
-            _m2_os.waitpid(pid, 0)
+            tasks = _m2_os.listdir("/proc/%d/task" % pid)
         except OSError:
-            pass
+            continue
+        for tid in tasks:
+            try:
+                with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            todo += [c for c in children if c not in found]
+            found.update(children)
+    return found
+
+
+def _m2_end_candidate():
+    # the candidate's process and everything it started, at once: a grandchild that outlived it could time the
+    # check's run on its answers (an eighth adversarial review learned each verdict that way); where this test may
+    # not signal every process of its uid, those found under this one (orphans come back to it, a subreaper)
+    deadline = _m2_time.monotonic() + 2.0
+    while True:
+        try:
+            _m2_posix.kill(-1, _m2_signal.SIGKILL)  # every process this one may signal, this one not
+        except OSError:
+            for pid in _m2_descendants():
+                try:
+                    _m2_posix.kill(pid, _m2_signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            while _m2_os.waitpid(-1, _m2_os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            break
+        if _m2_time.monotonic() > deadline:
+            break
+        _m2_time.sleep(0.001)
     _m2_server.clear()
 
 

@@ -228,6 +228,50 @@ def test_a_candidate_cannot_pass_a_check_without_solving(level_pool, forgery, mo
     assert not verdict.all_passed, verdict
 
 
+# right answers, and a grandchild that kills the check's process once the candidate's is gone: a process that outlived
+# the candidate could time the check's run on its answers (an eighth adversarial review learned each verdict so)
+OUTLIVES_THE_CANDIDATE = """
+import os, time
+def add(a, b):
+    if not hasattr(add, "armed"):
+        add.armed = True
+        check, me = os.getppid(), os.getpid()
+        if os.fork() == 0:
+            while os.getppid() == me:
+                time.sleep(0.001)
+            os.kill(check, 9)
+            os._exit(0)
+    return a + b
+"""
+
+
+@pytest.mark.parametrize("mode", sorted(ADD_CHECKS))
+def test_nothing_the_candidate_started_outlives_it(level_pool, mode):
+    level, pool = level_pool
+    verdict = grade_at(pool, OUTLIVES_THE_CANDIDATE, mode)
+    assert verdict.status == ("RE" if level == "process-shared-uid" else "AC"), verdict
+
+
+def test_a_stop_iteration_from_the_candidate_does_not_end_the_checks_loop():
+    """``all(map(lambda x: candidate(x) == ..., xs))``: a StopIteration raised by the candidate would end the map as
+    if it were exhausted, and all() of nothing is True (an eighth adversarial review: AC at both levels). It comes
+    back as a RuntimeError, as a generator's does (PEP 479)."""
+    test = check_test("def inc(x):\n    pass\n", "def check(candidate):\n"
+                      "    assert all(map(lambda x: candidate(x) == x + 1, [1, 2, 3]))\n", "inc", "    return x + 1\n")
+    assert grade_one("def inc(x):\n    raise StopIteration\n", [test], "inc").status == "RE"
+    assert grade_one("def inc(x):\n    return x + 1\n", [test], "inc").status == "AC"
+
+
+def test_checks_run_alike_in_both_parity_modes(mini):
+    """parity=lcb's guard sets os.fork and os.kill to None in the test process; the driver reaches them through
+    posix (it is ours, and the candidate runs in a process of its own either way)."""
+    half = mini[0]["Mini/0"]
+    for parity in ("script", "lcb"):
+        statuses = [grade_one(code, half.hidden_tests, "half", parity=parity).status
+                    for code in ("def half(x):\n    return x / 2\n", "def half(x):\n    return x // 2\n")]
+        assert statuses == ["AC", "WA"], (parity, statuses)
+
+
 # wrong or right at the first call, then 5 s of CPU if a second call ever comes
 SECOND_CALL_SPINS = """
 import time
