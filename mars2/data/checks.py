@@ -18,9 +18,9 @@ such problems *faithfully* with :mod:`mars2.sandbox` (whose API knows only stdin
 * the driver runs the prelude, the test code and ``check(<entry_point>)`` in a namespace of its own where the
   entry point is a proxy; arguments and return values cross as :data:`CODEC` JSON, which decodes to plain values
   only. With a reference solution in the spec (HumanEval's canonical one) the driver first runs the check on the
-  reference, recording the calls it makes; the candidate's process gets them all at once, answers them all and is
-  killed with everything it started; only then does the check run on those answers (a call that is not the
-  recorded one fails the check). So
+  reference, recording the calls it makes; the candidate's process (which may start no process or thread:
+  ``RLIMIT_NPROC`` 1) gets them all at once, answers them all and is killed; only then does the check run on those
+  answers (a call that is not the recorded one fails the check). So
   nothing the candidate sees depends on how its answers were judged. Without a reference each call goes to the
   candidate as the check makes it, and the next call tells the candidate that its previous answer passed. Random
   draws are seeded, the same in both runs; what the prompt or the check prints is swallowed;
@@ -195,7 +195,6 @@ import posix as _m2_posix  # fork and kill through posix: parity=lcb's reliabili
 import random as _m2_random
 import signal as _m2_signal
 import sys as _m2_sys
-import time as _m2_time
 import traceback as _m2_traceback
 """ + CODEC + LOADER + """
 _m2_candidate = __M2_CANDIDATE__
@@ -219,11 +218,10 @@ class _M2Diverged(Exception):
 
 
 def _m2_start():
-    # not dumpable: the candidate, under the same uid, cannot read this process's memory or descriptors in /proc;
-    # a child subreaper: whatever the candidate detaches comes back under this process
+    # not dumpable: the candidate, under the same uid, cannot read this process's memory or descriptors in /proc
     libc = _m2_ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(36, 1, 0, 0, 0) != 0:
-        raise _M2Refused("prctl(PR_SET_DUMPABLE / PR_SET_CHILD_SUBREAPER) failed")
+    if libc.prctl(4, 0, 0, 0, 0) != 0:
+        raise _M2Refused("prctl(PR_SET_DUMPABLE) failed")
     calls, answers = _m2_os.pipe(), _m2_os.pipe()
     try:
         pid = _m2_posix.fork()
@@ -235,6 +233,10 @@ def _m2_start():
             _m2_os.dup2(answers[1], 1)
             _m2_os.dup2(answers[1], 2)  # until the server points it at a pipe nobody reads
             _m2_os.closerange(3, 1 << 16)  # the test's stdin, stdout and status files stay with the check
+            # no process or thread of its own (this uid runs two already): one that outlived the candidate could
+            # time the check's run on its answers (an eighth adversarial review learned each verdict that way)
+            if libc.setrlimit(6, _m2_ctypes.byref((_m2_ctypes.c_ulong * 2)(1, 1))) != 0:  # RLIMIT_NPROC
+                _m2_os._exit(127)
             _m2_os.execv(_m2_sys.executable, [_m2_sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _m2_SERVER])
         finally:
             _m2_os._exit(127)
@@ -277,47 +279,14 @@ def _m2_result(answer):
     return _m2_dec(answer["value"])
 
 
-def _m2_descendants():
-    found, todo = set(), [_m2_os.getpid()]
-    while todo:
-        pid = todo.pop()
-        try:
-            tasks = _m2_os.listdir("/proc/%d/task" % pid)
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
-                    children = [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            todo += [c for c in children if c not in found]
-            found.update(children)
-    return found
-
-
 def _m2_end_candidate():
-    # the candidate's process and everything it started, at once: a grandchild that outlived it could time the
-    # check's run on its answers (an eighth adversarial review learned each verdict that way); where this test may
-    # not signal every process of its uid, those found under this one (orphans come back to it, a subreaper)
-    deadline = _m2_time.monotonic() + 2.0
-    while True:
+    # the candidate may start no process (RLIMIT_NPROC): its own is all there is to kill and reap
+    for pid in _m2_server:
         try:
-            _m2_posix.kill(-1, _m2_signal.SIGKILL)  # every process this one may signal, this one not
+            _m2_posix.kill(pid, _m2_signal.SIGKILL)
+            _m2_os.waitpid(pid, 0)
         except OSError:
-            for pid in _m2_descendants():
-                try:
-                    _m2_posix.kill(pid, _m2_signal.SIGKILL)
-                except OSError:
-                    pass
-        try:
-            while _m2_os.waitpid(-1, _m2_os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            break
-        if _m2_time.monotonic() > deadline:
-            break
-        _m2_time.sleep(0.001)
+            pass
     _m2_server.clear()
 
 

