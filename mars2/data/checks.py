@@ -234,7 +234,7 @@ def _m2_start():
             _m2_os.dup2(answers[1], 2)  # until the server points it at a pipe nobody reads
             _m2_os.closerange(3, 1 << 16)  # the test's stdin, stdout and status files stay with the check
             # no process or thread of its own (this uid runs two already): one that outlived the candidate could
-            # time the check's run on its answers (an eighth adversarial review learned each verdict that way)
+            # time the check's run on its answers, and so learn how they were judged
             if libc.setrlimit(6, _m2_ctypes.byref((_m2_ctypes.c_ulong * 2)(1, 1))) != 0:  # RLIMIT_NPROC
                 _m2_os._exit(127)
             _m2_os.execv(_m2_sys.executable, [_m2_sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _m2_SERVER])

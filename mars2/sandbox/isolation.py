@@ -482,9 +482,9 @@ HOST_COUNTERS = (
     "/proc/sys/kernel/random/entropy_avail", "/proc/uptime", "/proc/cpuinfo",
 )
 """Host-wide kernel counters a program could move (forks, files, memory, locks, load) for a later program to read,
-or read to see how busy the host is (the idle time in ``/proc/uptime`` sums every core's, the judges' included:
-a seventh adversarial review told a slow judgment of the previous program's answer from a fast one by it; the
-clock rate in ``/proc/cpuinfo``): at the ``bwrap`` level each reads as empty. (The pid namespace's own counters stay: ``ns_last_pid`` is scrambled
+or read to see how busy the host is (the idle time in ``/proc/uptime`` sums every core's, the judges' included,
+so it tells a slow judgment of the previous program's answer from a fast one; the clock rates in ``/proc/cpuinfo``):
+at the ``bwrap`` level each reads as empty. (The pid namespace's own counters stay: ``ns_last_pid`` is scrambled
 before each program instead; the ``process`` level reads no ``/proc`` at all.)"""
 
 
