@@ -38,8 +38,9 @@ Outcomes: check passes → marker → ``AC``; an ``assert`` fails, the candidate
 reference) anything else stops the check on the answers → the driver prints ``check failed: ...`` (the failing
 assert's source line, or the exception) → ``WA``; a candidate that does not load (a ``SyntaxError``, an exception
 at import), and without a reference any other exception → ``RE`` with its traceback; a candidate's process ended
-by a signal ends the driver by the same signal (``SIGXCPU`` → ``TLE``); memory limits as usual. Where a test may not start a process
-(the ``process`` level without a uid of the sandbox's own) a check test is ``RE``, never a reward.
+by a signal ends the driver by the same signal (``SIGXCPU`` → ``TLE``); memory limits as usual. Where a test may
+not start a process (the ``process`` level without a uid of the sandbox's own) a check test is ``RE``, never a
+reward.
 
 Tests of type ``check`` given to the grader *without* :func:`gradable` make it raise ``TestDataError``
 (unknown test type), so an unwired caller fails loudly instead of scoring zero.
@@ -195,7 +196,7 @@ import contextlib as _m2_contextlib
 import ctypes as _m2_ctypes
 import io as _m2_io
 import os as _m2_os
-import posix as _m2_posix  # fork and kill through posix: parity=lcb's reliability_guard sets os.fork and os.kill to None
+import posix as _m2_posix  # fork and kill through posix: parity=lcb's guard sets os.fork and os.kill to None
 import random as _m2_random
 import signal as _m2_signal
 import select as _m2_select

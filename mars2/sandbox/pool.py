@@ -496,7 +496,8 @@ class Slot:
                     if status == "ok" and cpu > limits.time_s:
                         status, error = "TLE", (f"CPU time limit ({limits.time_s:g} s; the test's processes used "
                                                 f"{cpu:.2f} s, the slot's cgroup counts)")
-                run = TestRun(status=status, output=b"", error=error, cpu_s=cpu, wall_s=float(header.get("wall_s", 0.0)))
+                run = TestRun(status=status, output=b"", error=error, cpu_s=cpu,
+                              wall_s=float(header.get("wall_s", 0.0)))
                 last = stop_after(run) or index + 1 == len(inputs) or halt.is_set()
                 if last:
                     chan.send({"op": "end"})  # no reply: the zygote cleans up while we compare
