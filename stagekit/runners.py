@@ -132,4 +132,5 @@ def agent_runners(members: list[AgentConfig], weight_records: dict[str, StageRec
     return runners
 
 
-__all__ = ["AgentWeights", "agent_runners", "engine_placement", "in_process_device", "load_backend", "model_dir", "tokenizer_dir"]
+__all__ = ["AgentWeights", "agent_runners", "engine_placement", "in_process_device", "load_backend", "model_dir",
+           "tokenizer_dir"]

@@ -473,7 +473,7 @@ def current_parameters() -> dict[str, Any]:
     return dict(ctx.parameters)
 
 
-__all__ = ["AgentWeights", "Column", "StageContext", "StageDeclaration", "StageFault", "StageRecord", "altered_artefacts",
-           "came_from_cache", "code_version", "count", "current_parameters", "declared", "narrowed", "percent",
-           "reusable", "run_declared", "run_stage", "unfinished_stages", "sha256_json", "stage_digest", "stage_dir",
-           "stage_task", "three_decimals"]
+__all__ = ["AgentWeights", "Column", "StageContext", "StageDeclaration", "StageFault", "StageRecord",
+           "altered_artefacts", "came_from_cache", "code_version", "count", "current_parameters", "declared",
+           "narrowed", "percent", "reusable", "run_declared", "run_stage", "unfinished_stages", "sha256_json",
+           "stage_digest", "stage_dir", "stage_task", "three_decimals"]

@@ -61,3 +61,17 @@ def descendants(pid: int) -> list[int]:
         found.append(child)
         stack.extend(children.get(child, []))
     return found
+
+
+def engines_under(home) -> list[int]:
+    """Pids of the generation engines serving models under ``home`` (their command lines name it)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "mars2.backends.engine_server" in cmd and str(home) in cmd:
+            pids.append(int(entry))
+    return pids

@@ -63,7 +63,9 @@ PASS_MARKER = "MARS2 CHECK PASSED"
 #: own types for None, bool, int, float (NaN and the infinities included), str and list; ``{"t": [...]}`` a tuple,
 #: ``{"d": [[k, v], ...]}`` a dict, ``{"s": [...]}`` a set, ``{"f": [...]}`` a frozenset, ``{"b": "hex"}`` bytes,
 #: ``{"c": [re, im]}`` a complex. Decoding builds only these types, so a candidate's object whose ``__eq__`` says
-#: yes to anything never reaches the check.
+#: yes to anything never reaches the check. Not the functional tests' typed JSON (``sandbox/runner/values.py``):
+#: that one keeps only what ``==`` against a JSON value needs and turns sets and bytes into never-equal markers,
+#: while a check's code may sort, index or add what the candidate returns, so it needs the values themselves.
 CODEC = """\
 import json as _m2_json
 import numbers as _m2_numbers

@@ -32,11 +32,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.flowenv import RANDOM_TEAM, free_port
-
 from mars2.config import ConfigError, OrchestrationConfig
 from stagekit.stage import AgentWeights, StageContext, StageRecord, stage_digest
 from pipeline.config import compose_run, load_cfg, to_container
+from tests.flowenv import RANDOM_TEAM, free_port
 from tests.paths import ROOT
 
 NODES = "gpu,gpu1"  # the work pools of the stack's two nodes

@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.flowenv import RANDOM_TEAM, flow_env
-
 from mars2.procs import kill_group, wait_exit
+from tests.flowenv import RANDOM_TEAM, flow_env
 from tests.paths import ROOT
+from tests.pids import engines_under
 
 SMALL = [*RANDOM_TEAM, "data.n_problems=24", "data.max_train_problems=3", "data.max_eval_problems=3", "search.max_nodes=4",
          "search.max_new_tokens=24", "eval.max_new_tokens=24", "train.train_batch=2", "train.micro_batch=4",
@@ -259,19 +259,6 @@ def test_grading_verdicts_come_from_the_sandbox(runs):
     assert (verdicts["total"] >= 4).all()
 
 
-def _engines(home: Path) -> list[int]:
-    """Pids of the generation engines serving models under ``home``."""
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "mars2.backends.engine_server" in cmd and str(home) in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 def _wait_until(condition, timeout_s: float, what: str) -> None:
     import time
 
@@ -298,12 +285,12 @@ def test_a_run_killed_mid_rollout_leaves_no_engine_and_resumes_from_finished_sta
 
     proc = _start_flow(tmp_path, "train.cycles=1", "search.max_new_tokens=64")
     try:
-        _wait_until(lambda: _engines(tmp_path) or proc.poll() is not None, 300, "no engine started")
+        _wait_until(lambda: engines_under(tmp_path) or proc.poll() is not None, 300, "no engine started")
         assert proc.poll() is None and not list((tmp_path / "artifacts" / "rollout").glob("*/MANIFEST.json"))
-        engines = _engines(tmp_path)
+        engines = engines_under(tmp_path)
         os.kill(proc.pid, signal.SIGKILL)
         assert wait_exit(proc, 60) == -signal.SIGKILL
-        _wait_until(lambda: not _engines(tmp_path), 20, f"engines {engines} outlived the killed run")
+        _wait_until(lambda: not engines_under(tmp_path), 20, f"engines {engines} outlived the killed run")
     finally:
         kill_group(proc)  # whatever else of the run is left (the sandbox's workers)
     finished = {p.parent.parent.name for p in (tmp_path / "artifacts").glob("*/*/MANIFEST.json")}

@@ -11,11 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.flowenv import RANDOM_TEAM, flow_env
-from tests.pids import group_members
-
 from mars2.procs import kill_group, wait_exit
+from tests.flowenv import RANDOM_TEAM, flow_env
 from tests.paths import ROOT
+from tests.pids import engines_under, group_members
 
 SMALL = [*RANDOM_TEAM, "eval.before=false", "data.n_problems=24", "data.max_train_problems=2", "data.max_eval_problems=2", "search.max_nodes=4",
          "search.max_new_tokens=16", "eval.max_new_tokens=16", "grading.time_limit_s=2", "train.overlong_buffer=8"]
@@ -70,21 +69,6 @@ def test_update_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     assert done["metrics"]["update_step"] == 1
 
 
-def _engines(home) -> list[int]:
-    """Pids of the generation engines serving models under ``home``."""
-    from pathlib import Path
-
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "mars2.backends.engine_server" in cmd and str(home) in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_path):
     """`kill <pid>` (or a scheduler's SIGTERM) mid-rollout must leave nothing running: not the embedded Prefect
     server, not the generation engines."""
@@ -94,7 +78,7 @@ def test_sigterm_stops_the_run_and_the_temporary_prefect_server_it_started(tmp_p
                             start_new_session=True)
     try:
         deadline = time.time() + 300
-        while not _engines(tmp_path):  # the rollout is generating (the server is up once a stage has run)
+        while not engines_under(tmp_path):  # the rollout is generating (the server is up once a stage has run)
             assert proc.poll() is None and time.time() < deadline, "no engine started"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGTERM)

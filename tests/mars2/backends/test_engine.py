@@ -14,14 +14,13 @@ import time
 import pytest
 import torch
 
-from tests.pids import Known
-
 from mars2.backends import SamplingParams
 from mars2.backends.base import request_seed
 from mars2.backends.engine import EngineClient, EngineError, EngineSpec
 from mars2.backends.transformers_backend import load_transformers_backend
 from mars2.config import BackendConfig
 from mars2.procs import kill_group, wait_exit
+from tests.pids import Known
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 
