@@ -49,21 +49,31 @@ def test_homogeneous_roles_share_one_engine_and_buffer_until_train_batch(tmp_pat
 
 
 def test_update_killed_mid_save_resumes_from_the_last_complete_checkpoint(tmp_path):
+    """The run is stopped (SIGSTOP) once the update's temporary folder holds DeepSpeed state and killed there; the
+    rerun resumes from the last complete checkpoint. A save that was complete before the stop landed (a loaded machine
+    can hold this process past the whole save) kills nothing mid-save: that try starts again in a fresh run folder."""
     cmd = [sys.executable, "flows/train_cycle.py", *SMALL, "agents=tiny_cpu_single", "train.cycles=1",
            "train.train_batch=1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 300
-    update_dir = tmp_path / "artifacts" / "update"
-    while not any((p / "ds").exists() for p in update_dir.glob(".*.tmp")):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before the update started saving"
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not list(update_dir.glob("*/MANIFEST.json"))  # nothing half-saved counts as a checkpoint
-    rerun = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    for attempt in range(3):
+        home = tmp_path / f"try-{attempt}"
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        deadline = time.time() + 300
+        update_dir = home / "artifacts" / "update"
+        while not any((p / "ds").exists() for p in update_dir.glob(".*.tmp")):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before the update started saving"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        mid_save = not list(update_dir.glob("*/MANIFEST.json"))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if mid_save:
+            break
+    assert mid_save, "three runs finished saving before they could be stopped"
+    assert any((p / "ds").exists() for p in update_dir.glob(".*.tmp"))  # what the killed save left
+    rerun = subprocess.run(cmd, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    (done,) = _manifests(tmp_path, "update")
+    (done,) = _manifests(home, "update")
     files = done["files"]
     assert "model/model.safetensors" in files and any(f.startswith("ds/ckpt/") for f in files)
     assert done["metrics"]["update_step"] == 1
