@@ -373,8 +373,8 @@ def stack(tmp_path_factory):
         return procs[-1]
 
     try:
-        server = start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"], base,
-                       "server.log")
+        server = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                        "--no-ui"], base, "server.log")
         deadline = time.monotonic() + 120
         while True:
             assert server.poll() is None, (tmp / "server.log").read_text()[-3000:]
@@ -389,8 +389,8 @@ def stack(tmp_path_factory):
                              cwd=ROOT, env=client_env, capture_output=True, text=True, timeout=180)
         assert reg.returncode == 0, reg.stdout + reg.stderr
         for pool, node in (("cpu", {}), ("gpu", {}), ("gpu1", {"MARS2_NODE_NAME": "node1"})):
-            start(["prefect", "worker", "start", "--pool", pool, "--type", "process"], {**client_env, **node},
-                  f"worker-{pool}.log")
+            start([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+                  {**client_env, **node}, f"worker-{pool}.log")
         yield dict(tmp=tmp, api=api, env=client_env, home=Path(base["MARS2_HOME"]), register=reg.stdout)
     finally:
         _stop(procs[1:])  # the workers, then the server they talk to
@@ -484,8 +484,8 @@ def test_a_stage_sent_to_a_pool_no_worker_polls_fails_naming_it_instead_of_waiti
 
     import pipeline.dispatch as dispatch
 
-    made = subprocess.run(["prefect", "work-pool", "create", "nobody", "--type", "process"], cwd=ROOT,
-                          env=stack["env"], capture_output=True, text=True, timeout=60)
+    made = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", "nobody", "--type", "process"],
+                          cwd=ROOT, env=stack["env"], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stdout + made.stderr
     monkeypatch.setattr(dispatch, "NO_WORKER_WAIT_S", 3.0)
     started = time.monotonic()
