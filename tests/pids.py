@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 from mars2.procs import live_processes
@@ -43,6 +44,25 @@ class Known:
         if self.same():
             with contextlib.suppress(ProcessLookupError):
                 (os.killpg if group else os.kill)(self.pid, sig)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (exited, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` is no longer :func:`alive` within ``seconds`` (polled every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def group_members(pgid: int) -> list[int]:

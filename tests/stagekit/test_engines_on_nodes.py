@@ -20,7 +20,7 @@ from mars2.config import BackendConfig
 from pipeline.dispatch import encode_args
 from stagekit.engines import EnginePool
 from stagekit.stage import StageContext
-from tests.mars2.backends.test_engine import _alive, _gone_within
+from tests.pids import alive, gone_within
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 SERVE = """
@@ -97,10 +97,10 @@ def test_an_engine_on_another_node_serves_over_tcp_and_is_restarted_by_its_node(
         assert flows_count == 2  # the run's engine_starts counts node-b's starts once, from the run's starts file
     finally:
         pool.close()
-    assert _alive(engine_pid := json.loads(
+    assert alive(engine_pid := json.loads(
         (tmp_path / "engines" / "run-1" / "node-b" / "qwen_tiny.json").read_text())["pid"])
     (tmp_path / "engines" / "run-1" / "STOP").write_text("")
-    assert _gone_within(engine_pid, 15), "node-b's service outlived the run's STOP file"
+    assert gone_within(engine_pid, 15), "node-b's service outlived the run's STOP file"
 
 
 def test_a_remote_engine_the_stage_cannot_reach_is_a_clear_error(tiny_model_dir, tmp_path, two_nodes, monkeypatch):
@@ -132,7 +132,7 @@ def test_a_service_that_ends_between_its_provide_and_the_attach_is_provided_agai
         if len(calls) == 1:
             pid = json.loads((Path(folder) / "qwen_tiny.json").read_text())["pid"]
             os.kill(pid, signal.SIGKILL)
-            assert _gone_within(pid, 15)
+            assert gone_within(pid, 15)
         return folder
 
     engine = EngineClient(EngineSpec("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), version="v1"),

@@ -20,7 +20,7 @@ from mars2.backends.engine import EngineClient, EngineError, EngineSpec
 from mars2.backends.transformers_backend import load_transformers_backend
 from mars2.config import BackendConfig
 from mars2.procs import kill_group, wait_exit
-from tests.pids import Known
+from tests.pids import Known, alive, gone_within
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=0)
 
@@ -306,7 +306,7 @@ def test_a_sigterm_that_lands_on_another_thread_than_the_main_one_still_stops_th
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid and _takes_sigterm(pid, int(t))]
         assert others, "the engine has a thread per connection"
         _tgkill(pid, others[0], signal.SIGTERM)
-        assert _gone_within(pid, 15), "SIGTERM on a non-main thread left the engine running"
+        assert gone_within(pid, 15), "SIGTERM on a non-main thread left the engine running"
     finally:
         engine.close()
         known.kill(signal.SIGKILL)
@@ -330,7 +330,7 @@ def test_sigterm_after_sigterm_stops_the_engine_every_time(tiny_model_dir):
                     os.kill(engine.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     break
-            assert _gone_within(engine.pid, 10), "an engine sent SIGTERM twice lived on"
+            assert gone_within(engine.pid, 10), "an engine sent SIGTERM twice lived on"
         finally:
             engine.close()
             known.kill(signal.SIGKILL)
@@ -363,7 +363,7 @@ def test_an_engine_whose_parent_dies_stops_even_without_the_parent_death_signal(
         assert (tmp_path / "engine.sock").exists(), "the engine did not start"
         proc.kill()
         proc.wait()
-        assert _gone_within(engine_pid, 15), "the engine outlived its parent"
+        assert gone_within(engine_pid, 15), "the engine outlived its parent"
     finally:
         proc.kill()  # not a group leader: the process itself
         proc.wait()
@@ -434,7 +434,7 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
             time.sleep(0.05)
         core_pid = int(core_log.read_text())  # the load has started the engine core and is now "loading"
         core = Known.of(core_pid)
-        assert _alive(engine_pid) and _alive(core_pid)
+        assert alive(engine_pid) and alive(core_pid)
         if end.startswith("parent-dies"):
             proc.kill()
             proc.wait()
@@ -442,8 +442,8 @@ def test_an_engine_whose_end_comes_while_its_model_loads_stops_with_what_the_loa
             stop_file.touch()
         else:
             os.kill(engine_pid, signal.SIGTERM)
-        assert _gone_within(engine_pid, 10), f"the loading engine outlived {end}"
-        assert _gone_within(core_pid, 10), "the engine core its load started outlived it"
+        assert gone_within(engine_pid, 10), f"the loading engine outlived {end}"
+        assert gone_within(core_pid, 10), "the engine core its load started outlived it"
     finally:
         proc.kill()  # not a group leader: the process itself
         proc.wait()
@@ -479,30 +479,9 @@ def test_ctrl_c_reaches_the_run_not_its_engines(tiny_model_dir, tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.stdout.readline().split() == ["1", str(engine_pid)], (wait_exit(proc, 5), err.read_text()[-3000:])
         assert wait_exit(proc, 60) == 0
-        assert _gone_within(engine_pid, 20), "the engine outlived the run"
+        assert gone_within(engine_pid, 20), "the engine outlived the run"
     finally:
         kill_group(proc)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by its parent) is not alive
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:  # reaped meanwhile
-        return False
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_run(tiny_model_dir, second_weights,
@@ -515,7 +494,7 @@ def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_ru
     pid = first.pid
     v1 = _texts(first.generate(["hello"], PARAMS, [3]))
     first.close()  # the stage ends: disconnect only
-    assert _alive(pid)
+    assert alive(pid)
     second = EngineClient(EngineSpec("qwen_tiny", str(second_weights), str(tiny_model_dir), version="v2"),
                           service_dir=service_dir)
     try:
@@ -530,7 +509,7 @@ def test_a_node_service_outlives_the_stage_that_started_it_and_stops_with_the_ru
         second.close()
     assert (service_dir.parent / "starts").read_text().count("\n") == 1
     (service_dir.parent / "STOP").write_text("")
-    assert _gone_within(pid, 10), "the node service outlived its run's STOP file"
+    assert gone_within(pid, 10), "the node service outlived its run's STOP file"
 
 
 def test_a_node_service_that_dies_while_stages_use_or_join_it_is_restarted_once_for_all_of_them(
@@ -655,7 +634,7 @@ def test_an_idle_node_service_stops_on_its_own(tiny_model_dir, tmp_path):
                           service_dir=tmp_path / "engines" / "run-2" / "node-a", idle_exit_s=2)
     pid = engine.pid
     engine.close()
-    assert _alive(pid) and _gone_within(pid, 15)
+    assert alive(pid) and gone_within(pid, 15)
 
 
 def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, tmp_path):
@@ -670,7 +649,7 @@ def test_node_services_wait_as_long_as_the_backend_config_says(tiny_model_dir, t
         engine = pool.engine("qwen_tiny", str(tiny_model_dir), str(tiny_model_dir), "v1", device="cpu",
                              dtype="float32", batch_size=4)
         pid = engine.pid
-    assert _alive(pid) and _gone_within(pid, 15)  # the stage disconnected; the service left once idle
+    assert alive(pid) and gone_within(pid, 15)  # the stage disconnected; the service left once idle
 
 
 def test_a_retried_flow_run_clears_the_last_attempts_stop_file_and_writes_its_own_at_the_end(tmp_path):
@@ -1019,7 +998,7 @@ def test_a_stopping_engine_removes_its_socket_first_and_kills_its_group_when_shu
         child = int(proc.stdout.readline())
         assert proc.stdout.readline().strip() == "socket gone", "the socket must go before the shutdown starts"
         assert wait_exit(proc, 30) == -signal.SIGKILL
-        assert _gone_within(child, 10), "what the engine started outlived it"
+        assert gone_within(child, 10), "what the engine started outlived it"
     finally:
         kill_group(proc)
 

@@ -16,6 +16,7 @@ from mars2.backends import SamplingParams
 from mars2.backends.base import request_seed
 from mars2.backends.vllm_backend import VLLMBackend, VLLMEngineArgs, build_request, generation_from_vllm
 from tests.paths import ROOT
+from tests.pids import alive
 
 FAKE_VLLM = '''
 import os
@@ -523,9 +524,9 @@ def test_a_node_service_whose_vllm_core_dies_while_idle_ends_and_the_next_stage_
         first.close()  # the stage ends: disconnected, the service stays
     killed.write_text(str(pid))  # its engine core dies
     deadline = time.monotonic() + 15
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(pid), "a service whose engine died lived on"
+    assert not alive(pid), "a service whose engine died lived on"
     second = EngineClient(_stand_in_spec(ckpt["v1"]), service_dir=service_dir, idle_exit_s=60)
     try:
         assert second.starts == 1 and second.pid != pid
@@ -553,9 +554,9 @@ def test_an_engine_that_dies_asleep_is_restarted_by_the_next_request_not_at_once
         pid = engine.pid
         killed.write_text(str(pid))  # its engine core dies; the server's watch sees it and exits
         deadline = time.monotonic() + 15
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(pid), "the engine server outlived its engine"
+        assert not alive(pid), "the engine server outlived its engine"
         time.sleep(2.0)  # a restart by the reader would have started the new engine by now
         engine.sleep()  # a stage that used it not: released again, still no start
         starts = [e for e in map(json.loads, log.read_text().splitlines()) if e[0] == "start"]
@@ -588,15 +589,6 @@ def test_an_engine_that_dies_in_its_sleep_is_restarted_by_the_next_request(tmp_p
         assert engine.starts == 2
     finally:
         engine.close()
-
-
-def _alive(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_a_reload_folder_missing_a_tensor_of_the_served_model_is_refused(tiny_model_dir, tmp_path):

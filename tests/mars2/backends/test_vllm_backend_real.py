@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from mars2.backends.base import SamplingParams, end_token_ids, generation_config_eos
 from mars2.backends.vllm_env import find_python
+from tests.pids import alive, descendants
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 VLLM_PYTHON = find_python()
@@ -228,18 +229,18 @@ def test_a_vllm_engine_on_another_node_answers_over_tcp_as_the_local_one_does(en
     remote = EngineClient(replace(engine.spec, python=""), provide=provide, start_timeout_s=900)
     try:
         pid = remote.pid
-        family = _descendants(pid) | {pid}
+        family = set(descendants(pid)) | {pid}
         assert json.loads((tmp_path / "engines" / "run-1" / "node-b" / "qwen_vllm.json").read_text())["family"] \
             == "AF_INET"
         assert remote.generate([PROMPT], params, [11])[0][0].response_ids == here.response_ids
     finally:
         remote.close()
-    assert _alive(pid)  # a node service: the stage only disconnects
+    assert alive(pid)  # a node service: the stage only disconnects
     (tmp_path / "engines" / "run-1" / "STOP").write_text("")
     deadline = time.monotonic() + 60
-    while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in family if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [p for p in family if _alive(p)] == []
+    assert [p for p in family if alive(p)] == []
 
 
 def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at_the_same_version(engine):
@@ -255,8 +256,8 @@ def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at
     seeds = list(range(100, 108))
     before = engine.generate([PROMPT] * 8, params, seeds)
     server, version = engine.health()["pid"], engine.version
-    cores = [p for p in _descendants(server) if "EngineCore" in _cmdline(p)]
-    assert cores, f"no vLLM engine core among {[_cmdline(p) for p in _descendants(server)]}"
+    cores = [p for p in descendants(server) if "EngineCore" in _cmdline(p)]
+    assert cores, f"no vLLM engine core among {[_cmdline(p) for p in descendants(server)]}"
     received = engine.health()["requests"]
     answers = {}
     sent = threading.Thread(target=lambda: answers.update(out=engine.generate([PROMPT] * 8, params, seeds)))
@@ -275,7 +276,7 @@ def test_a_killed_engine_core_is_restarted_and_what_was_in_flight_is_answered_at
     health = engine.health()
     assert engine.starts == 2 and health["pid"] != server and health["version"] == version
     assert health["requests"] == 8 and not health["dead"]
-    assert not _alive(server)
+    assert not alive(server)
 
 
 def _cmdline(pid: int) -> str:
@@ -287,37 +288,12 @@ def _cmdline(pid: int) -> str:
 
 def test_closing_leaves_no_process(engine):
     root = engine.health()["pid"]
-    family = _descendants(root) | {root}
+    family = set(descendants(root)) | {root}
     assert len(family) >= 2  # the engine process and vLLM's engine core
     engine.close()
     deadline = time.monotonic() + 60
-    while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in family if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [p for p in family if _alive(p)] == []
+    assert [p for p in family if alive(p)] == []
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, stack = set(), [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
